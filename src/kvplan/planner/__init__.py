@@ -1,0 +1,80 @@
+"""Pure planning: an input document in, a validated :class:`BindingPlan` out.
+
+No torch, no vLLM. ``plan`` raises :class:`KVPlanError` with every error found;
+``validate`` returns the diagnostics (errors and warnings) instead.
+"""
+
+from __future__ import annotations
+
+from kvplan.planner._bind import POOL_NAME, bind
+from kvplan.planner._input_rules import check_input
+from kvplan.planner._plan_rules import VMM_GRANULARITY, check_plan
+from kvplan.planner.diff import Change, PlanDiff, diff_plans
+from kvplan.schemas.canonical import fingerprint
+from kvplan.schemas.errors import Diagnostic, KVPlanError
+from kvplan.schemas.input import InputDocument
+from kvplan.schemas.plan import BindingPlan, Source, Summary
+
+__all__ = [
+    "POOL_NAME",
+    "VMM_GRANULARITY",
+    "Change",
+    "PlanDiff",
+    "build_plan",
+    "diff_plans",
+    "plan",
+    "validate",
+]
+
+
+def build_plan(doc: InputDocument) -> tuple[BindingPlan | None, list[Diagnostic]]:
+    """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
+    problems = check_input(doc)
+    if any(d.is_error for d in problems):
+        return None, problems
+    binding = bind(doc)
+    problems.extend(binding.problems)
+    if any(d.is_error for d in problems):
+        return None, problems
+    cfg = doc.kv_cache_config
+    pool_bytes = sum(p.size_bytes for p in binding.pools)
+    saved = sum(binding.page_bytes.get(a.target, 0) for a in binding.aliases) * cfg.num_blocks
+    result = BindingPlan(
+        fingerprint=fingerprint(doc),
+        source=Source(
+            vllm_version=doc.vllm_version,
+            layout=cfg.kv_cache_layout.name if cfg.kv_cache_layout else None,
+            num_blocks=cfg.num_blocks,
+        ),
+        pools=binding.pools,
+        views=binding.views,
+        aliases=binding.aliases,
+        summary=Summary(
+            tensor_backed_layers=len(binding.views),
+            aliased_layers=len(binding.aliases),
+            bytes_per_block=(binding.pools[0].size_bytes // cfg.num_blocks) if binding.pools else 0,
+            pool_bytes=pool_bytes,
+            alias_saved_bytes=saved,
+        ),
+    )
+    problems.extend(check_plan(result))
+    return result, problems
+
+
+def plan(doc: InputDocument) -> BindingPlan:
+    """The binding vLLM 0.33 would make for ``doc``, with KV-sharing aliases.
+
+    Raises :class:`KVPlanError` carrying every error (warnings do not raise).
+    """
+    result, problems = build_plan(doc)
+    errors = [d for d in problems if d.is_error]
+    if errors or result is None:
+        raise KVPlanError(errors)
+    return result
+
+
+def validate(obj: InputDocument | BindingPlan) -> list[Diagnostic]:
+    """Every error and warning for an input document or a plan (an empty list: all good)."""
+    if isinstance(obj, BindingPlan):
+        return check_plan(obj)
+    return build_plan(obj)[1]

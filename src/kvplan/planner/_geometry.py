@@ -1,0 +1,124 @@
+"""Byte geometry of one KVCacheTensor's per-layer views (vLLM 0.33 ``create_kv_cache_views``).
+
+Everything here is integer arithmetic in bytes over the logical ``[L, B, H, N, C]`` axes.
+Problems are returned as :class:`GeometryError`, never raised from an assert.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvplan.schemas.layout import DIM_B, DIM_L, KVCacheLayout
+from kvplan.schemas.specs import Spec
+
+
+@dataclass(frozen=True)
+class GeometryError:
+    """Why a tensor cannot be viewed: a code name from :class:`kvplan.schemas.Code` and text."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TensorGeometry:
+    """Logical 5-D shape ``(L, B*ratio, H, N, C_bytes)`` and its byte strides."""
+
+    shape: tuple[int, int, int, int, int]
+    strides: tuple[int, int, int, int, int]
+    ratio: int
+
+
+def layer_shape_bytes(spec: Spec, num_blocks: int, kernel_block_size: int | None) -> tuple[int, ...]:
+    """``(B * blocks_per_page, H, N, C_bytes)`` as ``compute_layer_kv_cache_shape_bytes``."""
+    block = kernel_block_size if kernel_block_size is not None else spec.block_size
+    return (
+        num_blocks * (spec.block_size // block),
+        spec.num_heads,
+        spec.num_kernel_states(block),
+        spec.state_content_size_bytes,
+    )
+
+
+def layout_strides(
+    shape: tuple[int, ...],
+    layout: KVCacheLayout,
+    padded_page: int | None,
+    fixed: tuple[int | None, ...],
+) -> tuple[int, ...] | GeometryError:
+    """Byte strides in logical ``[L, B, H, N, C]`` order (``compute_layout_strides``).
+
+    The innermost physical axis is dense; with a padded page, the page-grid axis (the inner
+    of L and B) is rounded up to the padded page. ``fixed`` pins the L and B strides.
+    """
+    order = layout.stride_order
+    grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
+    if padded_page is not None:
+        grid = math.prod(shape[dim] for dim in order[:grid_end])
+        if grid != shape[DIM_L] * shape[DIM_B]:
+            return GeometryError(
+                "PAGE_GRID_INVALID",
+                f"padded pages need only L, B or singleton axes outside the page; layout "
+                f"{layout.name} with shape {list(shape)} puts another axis there",
+            )
+    strides = [0] * 5
+    current = 1
+    for physical, dim in reversed(tuple(enumerate(order))):
+        if padded_page is not None and physical == grid_end - 1:
+            current = max(current, padded_page)
+            if current % padded_page:
+                return GeometryError(
+                    "PAGE_GRID_INVALID",
+                    f"inner stride {current} is not a multiple of the padded page {padded_page}",
+                )
+        strides[dim] = fixed[dim] or current
+        current = strides[dim] * shape[dim]
+    return tuple(strides)
+
+
+def tensor_geometry(
+    spec: Spec,
+    num_blocks: int,
+    num_layers: int,
+    layout: KVCacheLayout,
+    layer_stride: int,
+    block_stride: int,
+    kernel_block_size: int | None,
+) -> TensorGeometry | GeometryError:
+    """The 5-D geometry of a KVCacheTensor's views, or why vLLM would refuse it."""
+    if kernel_block_size is not None and (
+        kernel_block_size <= 0 or spec.block_size % kernel_block_size
+    ):
+        return GeometryError(
+            "KERNEL_BLOCK_MISMATCH",
+            f"kernel block size {kernel_block_size} does not divide the block size "
+            f"{spec.block_size}",
+        )
+    shape_bytes = layer_shape_bytes(spec, num_blocks, kernel_block_size)
+    ratio = shape_bytes[0] // num_blocks
+    padded = spec.padded_page_size_bytes
+    if ratio > 1:
+        dense_page = math.prod(layer_shape_bytes(spec, 1, None)[1:])
+        if block_stride != dense_page:
+            return GeometryError(
+                "KERNEL_SPLIT_NOT_DENSE",
+                f"layout {layout.name} does not store blocks as dense unpadded pages "
+                f"(block stride {block_stride} != page {dense_page}), so a block cannot be "
+                f"split into {ratio} kernel blocks of {kernel_block_size} tokens",
+            )
+        if block_stride % ratio:
+            return GeometryError(
+                "KERNEL_SPLIT_NOT_DENSE",
+                f"block stride {block_stride} does not divide into {ratio} kernel blocks",
+            )
+        block_stride //= ratio
+    if padded is not None and kernel_block_size is not None and kernel_block_size != spec.block_size:
+        return GeometryError(
+            "KERNEL_SPLIT_NOT_DENSE", "padded KV pages do not support kernel block splitting"
+        )
+    shape = (num_layers, *shape_bytes)
+    strides = layout_strides(shape, layout, padded, (layer_stride, block_stride, None, None, None))
+    if isinstance(strides, GeometryError):
+        return strides
+    return TensorGeometry(shape=shape, strides=strides, ratio=ratio)  # type: ignore[arg-type]

@@ -1,0 +1,105 @@
+"""The input document ``kvplan.input/1``: vLLM 0.33's ``KVCacheConfig`` plus runner-side facts.
+
+Field names are vLLM's dataclass field names, so a config dumped from vLLM loads as it is.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
+
+from kvplan.schemas.layout import KVCacheLayout, parse_layout
+from kvplan.schemas.specs import AnySpec, _by_name
+
+INPUT_FORMAT = "kvplan.input/1"
+
+
+class KVCacheGroupRole(str, Enum):
+    DEFAULT = "default"
+    HISPARSE_SOURCE = "hisparse_source"
+    HISPARSE_INDEXER = "hisparse_indexer"
+
+
+LayoutField = Annotated[
+    KVCacheLayout,
+    PlainValidator(parse_layout),
+    PlainSerializer(lambda layout: layout.name),
+    WithJsonSchema(
+        {"type": "string", "enum": [*KVCacheLayout.__members__, "NHD", "HND"]}
+    ),
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KVCacheTensor(_Frozen):
+    """Placement of same-shaped layers in the one backing allocation (bytes).
+
+    Layer ``layers[l]``, block ``b`` starts at ``offset + l * layer_stride + b * block_stride``.
+    """
+
+    size: int = Field(gt=0, description="bytes of the backing allocation")
+    layers: list[str]
+    layer_stride: int = Field(gt=0)
+    block_stride: int = Field(gt=0)
+    offset: int = Field(default=0, ge=0)
+    host_resident: bool = False
+
+
+class KVCacheGroupSpec(_Frozen):
+    """Layers that share one block table, and their spec."""
+
+    layer_names: list[str]
+    kv_cache_spec: AnySpec
+    is_eagle_group: bool = False
+    host_resident: bool = False
+    enable_kv_transfer: bool = True
+    role: Annotated[KVCacheGroupRole, *_by_name(KVCacheGroupRole)] = KVCacheGroupRole.DEFAULT
+
+
+class KVCacheConfig(_Frozen):
+    """vLLM 0.33's ``KVCacheConfig`` (``v1/kv_cache_interface.py``)."""
+
+    num_blocks: int = Field(gt=0)
+    kv_cache_tensors: list[KVCacheTensor]
+    kv_cache_groups: list[KVCacheGroupSpec]
+    prefix_cache_retention_interval: int | None = None
+    kv_cache_layout: LayoutField | None = None
+    hash_block_size: int | None = None
+    cache_hit_alignment_tokens: int | None = None
+    hisparse_host_num_blocks: int | None = None
+    hisparse_host_block_stride: int | None = None
+    hisparse_shared_host_pool: bool = False
+    kv_tp_replicas: int = 1
+
+    def num_blocks_of(self, tensor: KVCacheTensor) -> int:
+        """Blocks addressable in ``tensor``'s pool (HiSparse host pools have their own count)."""
+        if tensor.host_resident and self.hisparse_host_num_blocks is not None:
+            return self.hisparse_host_num_blocks
+        return self.num_blocks
+
+
+class InputDocument(_Frozen):
+    """What kvplan plans from: one worker's ``KVCacheConfig`` and the runner's sharing map.
+
+    ``shared_kv_cache_layers`` maps each KV-sharing layer to the layer whose cache it reads
+    (runner-only; such layers own no tensor). ``kernel_block_sizes`` is one entry per group,
+    as vLLM's ``prepare_kernel_block_sizes`` returns it (encoder-only groups have none).
+    """
+
+    format: Literal["kvplan.input/1"] = INPUT_FORMAT
+    vllm_version: str | None = None
+    kv_cache_config: KVCacheConfig
+    shared_kv_cache_layers: dict[str, str] = Field(default_factory=dict)
+    kernel_block_sizes: list[int] | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="free-form facts (model, rank, tool); not planned from"
+    )
+
+    @property
+    def layout(self) -> KVCacheLayout | None:
+        return self.kv_cache_config.kv_cache_layout

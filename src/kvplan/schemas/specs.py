@@ -1,0 +1,591 @@
+"""Per-layer KV-cache specs: one pydantic model per vLLM 0.33 ``KVCacheSpec`` subclass.
+
+Field names, defaults and derived sizes follow ``vllm/v1/kv_cache_interface.py``. Every
+model is frozen; derived geometry is exposed as properties, as vLLM does:
+
+* ``num_heads`` — head slots ``H`` of the logical ``[B, H, N, C]`` view;
+* ``num_states`` — states per block ``N`` (``block_size // tokens_per_state``, or 1);
+* ``state_content_size_bytes`` — bytes of one state ``C`` (K and V packed together);
+* ``page_size_bytes`` — bytes of one block of one layer, padded if the spec pads.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum, IntEnum
+from fractions import Fraction
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
+
+from kvplan.schemas.dtypes import DType, itemsize
+
+
+def _parse_fraction(value: object) -> Fraction:
+    if isinstance(value, bool):
+        raise ValueError("expected an int or an 'n/d' string, got a boolean")
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, str):
+        try:
+            return Fraction(value.strip())
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ValueError(f"expected an int or an 'n/d' string, got {value!r}") from exc
+    raise ValueError(f"expected an int or an 'n/d' string, got {type(value).__name__}")
+
+
+def _dump_fraction(value: Fraction) -> int | str:
+    return value.numerator if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+FractionValue = Annotated[
+    Fraction,
+    PlainValidator(_parse_fraction),
+    PlainSerializer(_dump_fraction),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": r"^-?\d+/\d+$"}]}
+    ),
+]
+"""vLLM's ``Fraction``: written as an int, or as ``"n/d"``."""
+
+
+
+def _by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
+    """Validator/serializer pair that writes an enum by member name (and reads name or value)."""
+
+    def parse(value: object) -> Enum:
+        if isinstance(value, enum_cls):
+            return value
+        if isinstance(value, Enum):
+            value = value.name
+        if isinstance(value, str):
+            name = (aliases or {}).get(value, value)
+            if name in enum_cls.__members__:
+                return enum_cls[name]
+            for member in enum_cls:
+                if member.value == value:
+                    return member
+        if isinstance(value, int) and not isinstance(value, bool):
+            for member in enum_cls:
+                if member.value == value:
+                    return member
+        names = ", ".join(enum_cls.__members__)
+        raise ValueError(f"unknown {enum_cls.__name__} {value!r}; expected one of: {names}")
+
+    return [
+        PlainValidator(parse),
+        PlainSerializer(lambda member: member.name),
+        WithJsonSchema({"type": "string", "enum": list(enum_cls.__members__)}),
+    ]
+
+
+class KVQuantMode(IntEnum):
+    """vLLM's ``KVQuantMode``. ``CUSTOM`` is vLLM's alias of ``OCTAVE_K3V4`` (both 12)."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+    NVFP4 = 5
+    TURBOQUANT_K8V4 = 6
+    TURBOQUANT_4BIT_NC = 7
+    TURBOQUANT_K3V4_NC = 8
+    TURBOQUANT_3BIT_NC = 9
+    NVFP4_DS_MLA = 10
+    ULTRAQUANT_4BIT = 11
+    OCTAVE_K3V4 = 12
+    OCTAVE_K3V3 = 13
+    OCTAVE_K3V3_COMPACT = 14
+
+
+class SparseCacheRole(str, Enum):
+    SPARSE = "sparse"
+    INDEXER = "indexer"
+
+
+KVQuantModeField = Annotated[KVQuantMode, *_by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
+SparseCacheRoleField = Annotated[SparseCacheRole, *_by_name(SparseCacheRole)]
+
+
+class MultipleOf(BaseModel):
+    """vLLM's ``MultipleOf(n)``: block strides must hold whole kernel blocks of ``n`` tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    multiple_of: int = Field(gt=0)
+
+
+class _Spec(BaseModel):
+    """``KVCacheSpec``: the fields every spec has."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = ""
+    block_size: int = Field(gt=0, description="tokens per block")
+    dcp_sharded: bool = False
+    block_stride_alignment: int | MultipleOf | None = None
+    is_draft: bool = False
+
+    # -- derived geometry (override per family) ---------------------------------------
+    @property
+    def num_heads(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tokens_per_state_value(self) -> Fraction:
+        raise NotImplementedError
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    def num_kernel_states(self, kernel_block_size: int) -> int:
+        """States ``N`` in a kernel block of ``kernel_block_size`` tokens."""
+        tps = self.tokens_per_state_value
+        if tps > 0:
+            return int(kernel_block_size // tps)
+        return 1
+
+    @property
+    def num_states(self) -> int:
+        return self.num_kernel_states(self.block_size)
+
+    def unpadded_page_for(self, block_size: int) -> int:
+        """Bytes of one unpadded page holding ``block_size`` tokens."""
+        return self.num_heads * self.num_kernel_states(block_size) * self.state_content_size_bytes
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.unpadded_page_for(self.block_size)
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        """The padded page in bytes, or None when pages are not padded."""
+        return None
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer (the padded page where the spec pads)."""
+        padded = self.padded_page_size_bytes
+        return padded if padded is not None else self.unpadded_page_size_bytes
+
+    @property
+    def has_layer_views(self) -> bool:
+        return True
+
+    @property
+    def view_dtype(self) -> str:
+        """dtype of the bound per-layer tensor (vLLM views attention pages as ``spec.dtype``)."""
+        return "int8"
+
+    def page_size_for_block(self, block_size: int) -> int:
+        """``copy_with_new_block_size(block_size).page_size_bytes``."""
+        return self.unpadded_page_for(block_size)
+
+    def block_stride_alignment_bytes(self) -> int:
+        """Bytes the stride between physical blocks must be a multiple of."""
+        alignment = self.block_stride_alignment
+        if not isinstance(alignment, MultipleOf):
+            return alignment or 1
+        kernel = math.gcd(alignment.multiple_of, self.block_size)
+        if kernel == self.block_size:
+            return 1
+        return self.page_size_for_block(kernel)
+
+
+class HiSparseHotSpec(_Spec):
+    """Per-request HiSparse hot cache; raw storage, no per-layer views."""
+
+    kind: Literal["HiSparseHotSpec"] = "HiSparseHotSpec"  # type: ignore[assignment]
+    page_size: int = Field(gt=0)
+    blocks_per_request: int = Field(ge=0)
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.page_size
+
+    def page_size_for_block(self, block_size: int) -> int:
+        return self.page_size
+
+    @property
+    def has_layer_views(self) -> bool:
+        return False
+
+
+class HiSparseResidentSpec(_Spec):
+    """HiSparse resident pool; raw storage, no per-layer views."""
+
+    kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"  # type: ignore[assignment]
+    page_size: int = Field(gt=0)
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.page_size
+
+    def page_size_for_block(self, block_size: int) -> int:
+        return self.page_size
+
+    @property
+    def has_layer_views(self) -> bool:
+        return False
+
+
+class AttentionSpec(_Spec):
+    """``AttentionSpec``: ``[B, H, N, C]`` pages with K and V packed in ``C``."""
+
+    kind: Literal["AttentionSpec"] = "AttentionSpec"  # type: ignore[assignment]
+    dcp_sharded: bool = True
+    max_tp_shards: int | None = None
+    num_kv_heads: int = Field(gt=0)
+    head_size: int = Field(ge=0)
+    dtype: DType
+    head_size_v: int | None = Field(default=None, ge=0)
+    kv_quant_mode: KVQuantModeField = KVQuantMode.NONE
+    page_size_padded: int | None = Field(default=None, gt=0)
+    num_head_slots: int | None = Field(default=None, gt=0)
+    state_content_bytes: int | None = Field(default=None, gt=0)
+    tokens_per_state: FractionValue = Fraction(1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_size_v(cls, data: Any) -> Any:
+        # vLLM's __post_init__: head_size_v=None means "same as head_size".
+        if isinstance(data, dict):
+            default = cls.model_fields["head_size_v"].default
+            if data.get("head_size_v", default) is None and "head_size" in data:
+                data = {**data, "head_size_v": data["head_size"]}
+        return data
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_head_slots if self.num_head_slots is not None else self.num_kv_heads
+
+    @property
+    def tokens_per_state_value(self) -> Fraction:
+        return self.tokens_per_state
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        head_size_v = self.head_size if self.head_size_v is None else self.head_size_v
+        return (self.head_size + head_size_v) * itemsize(self.dtype)
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        return self.page_size_padded
+
+    def page_size_for_block(self, block_size: int) -> int:
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.unpadded_page_for(block_size)
+
+    @property
+    def view_dtype(self) -> str:
+        return self.dtype
+
+
+class FullAttentionSpec(AttentionSpec):
+    kind: Literal["FullAttentionSpec"] = "FullAttentionSpec"  # type: ignore[assignment]
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    non_causal: bool = False
+
+
+class _AlignedMLA:
+    """MLA's ``_apply_alignment_padding``: pages round up to ``alignment`` bytes."""
+
+    alignment: int | None
+    page_size_padded: int | None
+
+    def _aligned_padding(self, unpadded: int) -> int | None:
+        if self.alignment:
+            padded = -(-unpadded // self.alignment) * self.alignment
+            if padded != unpadded:
+                return padded
+        return self.page_size_padded
+
+
+class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
+    """Multi-head latent attention: one latent vector per state, ``H == 1``, no V."""
+
+    kind: Literal["MLAAttentionSpec"] = "MLAAttentionSpec"  # type: ignore[assignment]
+    cache_dtype_str: str | None = None
+    topk_buffer_width: int | None = None
+    alignment: int | None = Field(default=None, gt=0)
+    model_version: str | None = None
+    cache_role: SparseCacheRoleField = SparseCacheRole.SPARSE
+    is_index_group_leader: bool = False
+    non_causal_multi_token_decode: bool = False
+    head_size_v: int | None = Field(default=0, ge=0)
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        return self._aligned_padding(self.unpadded_page_size_bytes)
+
+    def page_size_for_block(self, block_size: int) -> int:
+        unpadded = self.unpadded_page_for(block_size)
+        padded = self._aligned_padding(unpadded)
+        return padded if padded is not None else unpadded
+
+
+class HiddenStateCacheSpec(MLAAttentionSpec):
+    kind: Literal["HiddenStateCacheSpec"] = "HiddenStateCacheSpec"  # type: ignore[assignment]
+
+
+class RSWASpec(FullAttentionSpec):
+    kind: Literal["RSWASpec"] = "RSWASpec"  # type: ignore[assignment]
+    rswa_window: int = Field(gt=0)
+
+
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    kind: Literal["ChunkedLocalAttentionSpec"] = "ChunkedLocalAttentionSpec"  # type: ignore[assignment]
+    attention_chunk_size: int = Field(gt=0)
+
+
+class SlidingWindowSpec(AttentionSpec):
+    kind: Literal["SlidingWindowSpec"] = "SlidingWindowSpec"  # type: ignore[assignment]
+    sliding_window: int = Field(gt=0)
+    extra_retained_tokens: int = Field(default=0, ge=0)
+
+
+class CircularBufferSpec(AttentionSpec):
+    kind: Literal["CircularBufferSpec"] = "CircularBufferSpec"  # type: ignore[assignment]
+
+
+class SlidingWindowMLASpec(_AlignedMLA, SlidingWindowSpec):
+    kind: Literal["SlidingWindowMLASpec"] = "SlidingWindowMLASpec"  # type: ignore[assignment]
+    cache_dtype_str: str | None = None
+    alignment: int | None = Field(default=None, gt=0)
+    model_version: str | None = None
+    bounded_replay: bool = False
+    head_size_v: int | None = Field(default=0, ge=0)
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        return self._aligned_padding(self.unpadded_page_size_bytes)
+
+    def page_size_for_block(self, block_size: int) -> int:
+        unpadded = self.unpadded_page_for(block_size)
+        padded = self._aligned_padding(unpadded)
+        return padded if padded is not None else unpadded
+
+
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """Encoder-only attention: the V1 runner adds its group; it owns no tensor."""
+
+    kind: Literal["EncoderOnlyAttentionSpec"] = "EncoderOnlyAttentionSpec"  # type: ignore[assignment]
+
+
+class CrossAttentionSpec(AttentionSpec):
+    kind: Literal["CrossAttentionSpec"] = "CrossAttentionSpec"  # type: ignore[assignment]
+
+
+class SinkFullAttentionSpec(FullAttentionSpec):
+    kind: Literal["SinkFullAttentionSpec"] = "SinkFullAttentionSpec"  # type: ignore[assignment]
+    sink_len: int | None = None
+
+
+class MambaSpec(_Spec):
+    """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
+
+    kind: Literal["MambaSpec"] = "MambaSpec"  # type: ignore[assignment]
+    shapes: list[list[int]]
+    dtypes: list[DType]
+    page_size_padded: int | None = Field(default=None, gt=0)
+    mamba_type: str = "MAMBA2"
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = Field(default=0, ge=0)
+    num_prefill_checkpoint_blocks: int = Field(default=0, ge=0)
+    prefill_checkpoint_alignment: int | None = None
+    num_heads_: int = Field(default=1, alias="num_heads", gt=0)
+    tokens_per_state: int = -1
+    tp_replicated: bool = False
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _shapes_match_dtypes(self) -> MambaSpec:
+        if len(self.shapes) != len(self.dtypes):
+            raise ValueError(
+                f"shapes has {len(self.shapes)} entries but dtypes has {len(self.dtypes)}"
+            )
+        return self
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_heads_
+
+    @property
+    def tokens_per_state_value(self) -> Fraction:
+        return Fraction(self.tokens_per_state)
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        return sum(
+            math.prod(shape) * itemsize(dtype)
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+        )
+
+    def unpadded_page_for(self, block_size: int) -> int:
+        # vLLM's MambaSpec.page_size_bytes is the state size; H and N are 1.
+        return self.state_content_size_bytes
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        return self.page_size_padded
+
+    def page_size_for_block(self, block_size: int) -> int:
+        return self.page_size_bytes
+
+
+LeafSpec = Annotated[
+    Union[
+        FullAttentionSpec,
+        SlidingWindowSpec,
+        MLAAttentionSpec,
+        HiddenStateCacheSpec,
+        RSWASpec,
+        ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
+        SlidingWindowMLASpec,
+        EncoderOnlyAttentionSpec,
+        CrossAttentionSpec,
+        SinkFullAttentionSpec,
+        MambaSpec,
+        HiSparseHotSpec,
+        HiSparseResidentSpec,
+        AttentionSpec,
+    ],
+    Field(discriminator="kind"),
+]
+
+
+class UniformTypeKVCacheSpecs(_Spec):
+    """One group of same-type layers with per-layer specs (block-outermost packing)."""
+
+    kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"  # type: ignore[assignment]
+    kv_cache_specs: dict[str, LeafSpec]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dcp_from_first(cls, data: Any) -> Any:
+        # vLLM's __post_init__ copies dcp_sharded from the first layer spec.
+        if isinstance(data, dict):
+            specs = data.get("kv_cache_specs")
+            if isinstance(specs, dict) and specs:
+                first = next(iter(specs.values()))
+                value = first.get("dcp_sharded") if isinstance(first, dict) else None
+                if value is None and isinstance(first, dict):
+                    kind = first.get("kind")
+                    value = kind not in ("MambaSpec", "HiSparseHotSpec", "HiSparseResidentSpec")
+                if isinstance(first, _Spec):
+                    value = first.dcp_sharded
+                if value is not None:
+                    data = {**data, "dcp_sharded": value}
+        return data
+
+    @property
+    def first_spec(self) -> _Spec:
+        return next(iter(self.kv_cache_specs.values()))
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.page_size_bytes
+
+    @property
+    def num_heads(self) -> int:
+        return self.first_spec.num_heads
+
+    @property
+    def tokens_per_state_value(self) -> Fraction:
+        return self.first_spec.tokens_per_state_value
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        return self.first_spec.state_content_size_bytes
+
+    @property
+    def has_layer_views(self) -> bool:
+        return self.first_spec.has_layer_views
+
+    def page_size_for_block(self, block_size: int) -> int:
+        return sum(spec.page_size_for_block(block_size) for spec in self.kv_cache_specs.values())
+
+
+AnySpec = Annotated[
+    Union[LeafSpec, UniformTypeKVCacheSpecs],
+    Field(discriminator="kind"),
+]
+"""Any spec a ``KVCacheGroupSpec`` may carry, chosen by ``kind`` (the vLLM class name)."""
+
+SPEC_KINDS: tuple[str, ...] = (
+    "AttentionSpec",
+    "FullAttentionSpec",
+    "SlidingWindowSpec",
+    "MLAAttentionSpec",
+    "HiddenStateCacheSpec",
+    "RSWASpec",
+    "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
+    "SlidingWindowMLASpec",
+    "EncoderOnlyAttentionSpec",
+    "CrossAttentionSpec",
+    "SinkFullAttentionSpec",
+    "MambaSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
+    "UniformTypeKVCacheSpecs",
+)
+
+Spec = _Spec
+"""Base class of every spec model (vLLM's ``KVCacheSpec``)."""
+
+
+def layer_spec(group_spec: _Spec, layer: str) -> _Spec | None:
+    """The spec of ``layer`` in a group: itself, or its entry of a ``UniformTypeKVCacheSpecs``."""
+    if isinstance(group_spec, UniformTypeKVCacheSpecs):
+        return group_spec.kv_cache_specs.get(layer)
+    return group_spec
+
+
+def base_kind(spec: _Spec) -> str:
+    """The attention family used for alias compatibility (vLLM's ``get_kv_cache_spec_kind``)."""
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        kinds = {base_kind(s) for s in spec.kv_cache_specs.values()}
+        return kinds.pop() if len(kinds) == 1 else "unknown"
+    return {
+        "SlidingWindowMLASpec": "sliding_window_mla",
+        "MLAAttentionSpec": "mla_attention",
+        "HiddenStateCacheSpec": "mla_attention",
+        "SinkFullAttentionSpec": "sink_full_attention",
+        "FullAttentionSpec": "full_attention",
+        "RSWASpec": "full_attention",
+        "ChunkedLocalAttentionSpec": "chunked_local_attention",
+        "SlidingWindowSpec": "sliding_window",
+        "MambaSpec": "mamba",
+        "EncoderOnlyAttentionSpec": "encoder_only_attention",
+        "CrossAttentionSpec": "cross_attention",
+    }.get(spec.kind, "unknown")
