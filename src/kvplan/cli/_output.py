@@ -48,7 +48,7 @@ def print_json(data: Any) -> None:
 def report(diagnostics: Iterable[Diagnostic]) -> None:
     """Print each diagnostic as one paragraph on stderr."""
     console = stderr_console()
-    for diag in diagnostics:
+    for diag in sorted(diagnostics, key=lambda d: not d.is_error):
         style = "red" if diag.is_error else "yellow"
         console.print(diag.render(), style=style, markup=False)
 

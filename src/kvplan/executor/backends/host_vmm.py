@@ -1,0 +1,254 @@
+"""``host-vmm``: the CPU twin of CUDA VMM (Linux), so the executor is tested for real in CI.
+
+========================  =========================================================
+CUDA VMM                  host-vmm
+========================  =========================================================
+``cuMemAddressReserve``   ``mmap(NULL, size, PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS)``
+``cuMemCreate``           ``memfd_create`` + ``ftruncate`` (a fresh, zero-filled file)
+``cuMemMap``              ``mmap(addr, size, PROT_NONE, MAP_SHARED|MAP_FIXED, fd)``
+``cuMemSetAccess``        ``mprotect(addr, size, PROT_READ|PROT_WRITE)``
+``cuMemRelease``          ``close(fd)`` (the mapping keeps the pages alive)
+``cuMemUnmap``            ``mmap(addr, size, PROT_NONE, MAP_FIXED|MAP_ANONYMOUS)``:
+                          back to a reservation at the same address
+``cuMemAddressFree``      ``munmap``
+``cuMemsetD8``            ``memset``
+========================  =========================================================
+
+Tensors are zero-copy: ``torch.frombuffer`` over a ctypes array at the reserved address.
+Like CUDA, an unmapped range must be a whole earlier mapping and a reservation may only be
+freed once nothing inside it is mapped; a violation raises instead of corrupting memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import mmap as _mmap
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from kvplan.executor.backends.base import BackendCallError, TrackedBackend, round_up
+from kvplan.schemas.errors import Code, KVPlanError, error
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+PROT_NONE = 0x0
+PROT_RW = 0x1 | 0x2
+MAP_SHARED = 0x01
+MAP_PRIVATE = 0x02
+MAP_FIXED = 0x10
+MAP_ANONYMOUS = 0x20
+MAP_NORESERVE = 0x4000
+MAP_POPULATE = 0x8000
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+_counter = itertools.count()
+
+
+class _Libc:
+    """``mmap``/``munmap``/``mprotect``/``memset`` from the C library, with errno."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.mmap = libc.mmap
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        self.munmap = libc.munmap
+        self.munmap.restype = ctypes.c_int
+        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.mprotect = libc.mprotect
+        self.mprotect.restype = ctypes.c_int
+        self.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+_LIBC: _Libc | None = None
+
+
+def _libc() -> _Libc:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = _Libc()
+    return _LIBC
+
+
+def _errno_text() -> str:
+    err = ctypes.get_errno()
+    return f"errno {err} ({os.strerror(err)})"
+
+
+def host_vmm_available() -> str | None:
+    """``None`` when host-vmm can run here, else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"host-vmm needs Linux (this is {sys.platform})"
+    if not hasattr(os, "memfd_create"):
+        return "host-vmm needs os.memfd_create (Linux, Python >= 3.8)"
+    return None
+
+
+class HostVmmBackend(TrackedBackend):
+    """Reserve/map/unmap host memory like CUDA VMM; see the module docstring for the mapping.
+
+    ``granularity``: the minimum mapping unit (default: the OS page size; pass 2 MiB to
+    mimic CUDA). ``populate``: pre-fault pages at map time (``MAP_POPULATE``).
+    """
+
+    name = "host-vmm"
+    device = "cpu"
+    reserve_commits = False
+    fresh_memory_is_zero = True
+    call_names = {  # noqa: RUF012
+        "reserve": "mmap(PROT_NONE)",
+        "create": "memfd_create",
+        "map": "mmap(MAP_FIXED|MAP_SHARED)",
+        "set_access": "mprotect",
+        "zero": "memset",
+        "wrap": "torch.frombuffer",
+        "unmap": "mmap(MAP_FIXED|PROT_NONE)",
+        "release": "close",
+        "free": "munmap",
+    }
+
+    def __init__(
+        self,
+        *,
+        device: str | None = None,
+        granularity: int | None = None,
+        populate: bool = False,
+        assume_zeroed: bool = True,
+    ) -> None:
+        why = host_vmm_available()
+        if why is not None:
+            raise KVPlanError(
+                error(Code.BACKEND_UNAVAILABLE, "backend", why, "use --backend torch")
+            )
+        if device not in (None, "cpu"):
+            raise KVPlanError(
+                error(
+                    Code.BACKEND_UNAVAILABLE,
+                    "backend",
+                    f"host-vmm maps host memory; device {device!r} is not 'cpu'.",
+                    "use --backend cuda-vmm for GPUs or --backend torch",
+                )
+            )
+        super().__init__()
+        page = _mmap.PAGESIZE
+        self._granularity = round_up(granularity or page, page)
+        self._populate = populate
+        self.fresh_memory_is_zero = assume_zeroed
+        self.memfd_name = f"kvplan-{os.getpid()}-{next(_counter)}"
+        self._c = _libc()
+
+    # -- address space -------------------------------------------------------------------
+    def granularity(self) -> int:
+        self.calls("granularity")
+        return self._granularity
+
+    def reserve(self, size: int, alignment: int) -> int:
+        self.calls("reserve")
+        size = round_up(size, self._granularity)
+        align = max(alignment, _mmap.PAGESIZE)
+        span = size + align
+        flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+        raw = self._c.mmap(None, span, PROT_NONE, flags, -1, 0)
+        if raw is None or raw == _MAP_FAILED:
+            raise BackendCallError("mmap(PROT_NONE)", f"{span} bytes: {_errno_text()}")
+        base = round_up(raw, align)
+        if base > raw:
+            self._c.munmap(raw, base - raw)
+        tail = raw + span - (base + size)
+        if tail:
+            self._c.munmap(base + size, tail)
+        self._reservations[base] = size
+        return base
+
+    def free(self, address: int, size: int) -> None:
+        self.calls("free")
+        length = self._reservations.get(address)
+        if length is None:
+            raise BackendCallError("munmap", f"{address:#x} is not a reservation")
+        inside = [a for a in self._mappings if address <= a < address + length]
+        if inside:
+            raise BackendCallError("munmap", f"{len(inside)} mappings still inside {address:#x}")
+        if self._c.munmap(address, length) != 0:
+            raise BackendCallError("munmap", f"{address:#x}+{length}: {_errno_text()}")
+        del self._reservations[address]
+
+    # -- physical memory ------------------------------------------------------------------
+    def create(self, size: int) -> Any:
+        self.calls("create")
+        try:
+            fd = os.memfd_create(self.memfd_name, os.MFD_CLOEXEC)
+        except OSError as exc:
+            raise BackendCallError("memfd_create", str(exc)) from exc
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc:
+            os.close(fd)
+            raise BackendCallError("ftruncate", f"{size} bytes: {exc}") from exc
+        self._handles[fd] = size
+        return fd
+
+    def release(self, handle: Any) -> None:
+        self.calls("release")
+        if self._handles.pop(handle, None) is None:
+            raise BackendCallError("close", f"fd {handle} is not a live handle")
+        os.close(handle)
+
+    # -- mappings -------------------------------------------------------------------------
+    def map(self, address: int, size: int, handle: Any) -> None:
+        self.calls("map")
+        self._check_reserved("mmap(MAP_FIXED|MAP_SHARED)", address, size)
+        if handle not in self._handles or self._handles[handle] < size:
+            raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"bad handle {handle}")
+        if any(a < address + size and address < a + n for a, n in self._mappings.items()):
+            raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"{address:#x} overlaps")
+        flags = MAP_SHARED | MAP_FIXED | (MAP_POPULATE if self._populate else 0)
+        got = self._c.mmap(address, size, PROT_NONE, flags, handle, 0)
+        if got != address:
+            raise BackendCallError(
+                "mmap(MAP_FIXED|MAP_SHARED)", f"{address:#x}+{size}: {_errno_text()}"
+            )
+        self._mappings[address] = size
+
+    def set_access(self, address: int, size: int) -> None:
+        self.calls("set_access")
+        if self._c.mprotect(address, size, PROT_RW) != 0:
+            raise BackendCallError("mprotect", f"{address:#x}+{size}: {_errno_text()}")
+
+    def unmap(self, address: int, size: int) -> None:
+        self.calls("unmap")
+        if self._mappings.get(address) != size:
+            raise BackendCallError(
+                "mmap(MAP_FIXED|PROT_NONE)", f"{address:#x}+{size} is not one whole mapping"
+            )
+        flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE
+        if self._c.mmap(address, size, PROT_NONE, flags, -1, 0) != address:
+            raise BackendCallError("mmap(MAP_FIXED|PROT_NONE)", _errno_text())
+        del self._mappings[address]
+
+    # -- data -----------------------------------------------------------------------------
+    def zero(self, address: int, size: int) -> None:
+        self.calls("zero")
+        ctypes.memset(address, 0, size)
+
+    def synchronize(self) -> None:
+        self.calls("synchronize")
+
+    def wrap(self, address: int, size: int) -> Tensor:
+        self.calls("wrap")
+        import torch
+
+        buf = (ctypes.c_byte * size).from_address(address)
+        tensor = torch.frombuffer(buf, dtype=torch.int8)
+        if tensor.data_ptr() != address:
+            raise BackendCallError("torch.frombuffer", "the tensor is not zero-copy")
+        return tensor

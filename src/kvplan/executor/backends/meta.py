@@ -1,0 +1,87 @@
+"""``meta``: torch meta tensors; no memory, shapes and strides only.
+
+Addresses are synthetic (a bump allocator over a fake address space), so offsets,
+alignment and the elastic bookkeeping (mapped bytes per block) behave as on a real backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvplan.executor.backends.base import BackendCallError, TrackedBackend, round_up
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+_BASE = 1 << 44
+_PAGE = 4096
+
+
+class MetaBackend(TrackedBackend):
+    """Fake VMM over the ``meta`` device: every primitive only updates bookkeeping."""
+
+    name = "meta"
+    device = "meta"
+    reserve_commits = False
+    fresh_memory_is_zero = True
+    call_names = {op: f"meta.{op}" for op in ("reserve", "create", "map", "unmap", "free")}  # noqa: RUF012
+
+    def __init__(self, *, granularity: int = _PAGE) -> None:
+        super().__init__()
+        self._granularity = granularity
+        self._next = _BASE
+        self._next_handle = 1
+
+    def granularity(self) -> int:
+        self.calls("granularity")
+        return self._granularity
+
+    def reserve(self, size: int, alignment: int) -> int:
+        self.calls("reserve")
+        address = round_up(self._next, max(alignment, self._granularity))
+        self._next = address + round_up(max(size, 1), self._granularity) + self._granularity
+        self._reservations[address] = size
+        return address
+
+    def create(self, size: int) -> Any:
+        self.calls("create")
+        handle = self._next_handle
+        self._next_handle += 1
+        self._handles[handle] = size
+        return handle
+
+    def map(self, address: int, size: int, handle: Any) -> None:
+        self.calls("map")
+        self._check_reserved("meta.map", address, size)
+        if address in self._mappings:
+            raise BackendCallError("meta.map", f"{address:#x} is already mapped")
+        self._mappings[address] = size
+
+    def set_access(self, address: int, size: int) -> None:
+        self.calls("set_access")
+
+    def zero(self, address: int, size: int) -> None:
+        self.calls("zero")
+
+    def synchronize(self) -> None:
+        self.calls("synchronize")
+
+    def wrap(self, address: int, size: int) -> Tensor:
+        self.calls("wrap")
+        import torch
+
+        return torch.empty(size, dtype=torch.int8, device="meta")
+
+    def unmap(self, address: int, size: int) -> None:
+        self.calls("unmap")
+        if self._mappings.pop(address, None) is None:
+            raise BackendCallError("meta.unmap", f"{address:#x} is not mapped")
+
+    def release(self, handle: Any) -> None:
+        self.calls("release")
+        self._handles.pop(handle, None)
+
+    def free(self, address: int, size: int) -> None:
+        self.calls("free")
+        if self._reservations.pop(address, None) is None:
+            raise BackendCallError("meta.free", f"{address:#x} is not reserved")

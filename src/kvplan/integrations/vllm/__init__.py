@@ -1,0 +1,64 @@
+"""kvplan ⇄ vLLM 0.33: capture real ``KVCacheConfig`` objects and ask vLLM to plan models.
+
+Importing this package does not import vLLM or torch; the names below load their module on
+first use. Everything here needs the ``vllm`` extra (``pip install 'kvplan[vllm]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from kvplan.schemas.errors import Code, KVPlanError, error
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.capture import capture, to_vllm
+    from kvplan.integrations.vllm.inspect import InspectOptions, InspectResult, inspect_model
+
+VLLM_EXTRA_HINT = "pip install 'kvplan[vllm]'"
+"""How a user gets the real vLLM that this integration needs."""
+
+_LAZY: dict[str, str] = {
+    "capture": "kvplan.integrations.vllm.capture",
+    "to_vllm": "kvplan.integrations.vllm.capture",
+    "InspectOptions": "kvplan.integrations.vllm.inspect",
+    "InspectResult": "kvplan.integrations.vllm.inspect",
+    "inspect_model": "kvplan.integrations.vllm.inspect",
+}
+
+__all__ = [
+    "VLLM_EXTRA_HINT",
+    "InspectOptions",
+    "InspectResult",
+    "capture",
+    "inspect_model",
+    "require_vllm",
+    "to_vllm",
+    "vllm_available",
+]
+
+
+def vllm_available() -> bool:
+    """Whether vLLM is importable (checked without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise :class:`KVPlanError` (``KVP401``) naming the extra when vLLM is missing."""
+    if not vllm_available():
+        raise KVPlanError(
+            error(
+                Code.BACKEND_UNAVAILABLE,
+                "vllm",
+                "this needs vLLM 0.33, which is not installed.",
+                f"{VLLM_EXTRA_HINT}",
+            )
+        )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,110 @@
+"""Make vLLM's CPU platform choose what the CUDA platform would, while kvplan asks it to plan.
+
+kvplan runs vLLM on the CPU (``VLLM_TARGET_DEVICE=cpu``) but plans for NVIDIA GPUs. Three
+class methods of the CPU platform decide what ends up in the KV-cache specs, and each is
+swapped for the CUDA behaviour inside :func:`cuda_platform`:
+
+* ``get_attn_backend_cls``: a backend vLLM or the user selected is honoured; otherwise
+  FlashAttention (FlashAttention 3 on an H100/H200), TritonAttention for KV dtypes
+  FlashAttention does not store (e.g. ``int8_per_token_head``), and TritonMLA for MLA
+  (FlashMLA's kernels cannot be loaded without CUDA);
+* ``check_and_update_config``: the CPU one forces MLA ``block_size=16``, a float32 SSM
+  state and the ``SD`` conv-state layout; the CUDA one changes none of these;
+* ``update_block_size_for_backend``: the CUDA platform uses the base ``Platform`` rule.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+FLASH_ATTN = "FLASH_ATTN"
+TRITON_ATTN = "TRITON_ATTN"
+TRITON_MLA = "TRITON_MLA"
+
+
+def default_backend_name(kv_cache_dtype: str | None, use_mla: bool, head_size: int) -> str:
+    """The ``AttentionBackendEnum`` name kvplan plans with when nothing else selects one."""
+    if use_mla:
+        return TRITON_MLA
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    dtype = kv_cache_dtype or "auto"
+    if dtype in FlashAttentionBackend.supported_kv_cache_dtypes and head_size % 8 == 0:
+        return FLASH_ATTN
+    return TRITON_ATTN
+
+
+def _cuda_check_and_update_config(vllm_config: Any) -> None:
+    """The KV-relevant part of ``CudaPlatform.check_and_update_config`` (none of it is)."""
+    model_config = vllm_config.model_config
+    scheduler_config = vllm_config.scheduler_config
+    if (
+        model_config is not None
+        and model_config.is_mm_prefix_lm
+        and scheduler_config.is_multimodal_model
+        and not scheduler_config.disable_chunked_mm_input
+    ):
+        scheduler_config.disable_chunked_mm_input = True
+
+
+@contextmanager
+def cuda_platform(attention_backend: str | None = None) -> Iterator[None]:
+    """Within this block the current (CPU) platform answers as CUDA would for KV planning.
+
+    ``attention_backend`` (an ``AttentionBackendEnum`` name) overrides kvplan's default
+    choice for layers vLLM does not select a backend for.
+    """
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    platform_cls = type(current_platform)
+    forced = AttentionBackendEnum[attention_backend.upper()] if attention_backend else None
+
+    def get_attn_backend_cls(
+        cls: type, selected_backend: Any, attn_selector_config: Any, *args: Any, **kwargs: Any
+    ) -> str:
+        chosen = selected_backend or forced
+        if chosen is None:
+            name = default_backend_name(
+                attn_selector_config.kv_cache_dtype,
+                attn_selector_config.use_mla,
+                attn_selector_config.head_size,
+            )
+            chosen = AttentionBackendEnum[name]
+        return str(chosen.get_path())
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        _cuda_check_and_update_config(vllm_config)
+
+    def update_block_size_for_backend(cls: type, vllm_config: Any) -> None:
+        Platform.update_block_size_for_backend.__func__(cls, vllm_config)  # type: ignore[attr-defined]
+
+    patches = {
+        "get_attn_backend_cls": classmethod(get_attn_backend_cls),
+        "check_and_update_config": classmethod(check_and_update_config),
+        "update_block_size_for_backend": classmethod(update_block_size_for_backend),
+    }
+    saved = {name: platform_cls.__dict__.get(name) for name in patches}
+    conv_layout = os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT")
+    for name, value in patches.items():
+        setattr(platform_cls, name, value)
+    os.environ.pop("VLLM_SSM_CONV_STATE_LAYOUT", None)
+    selector._cached_get_attn_backend.cache_clear()  # selections are cached per process
+    try:
+        yield
+    finally:
+        selector._cached_get_attn_backend.cache_clear()
+        for name, value in saved.items():
+            if value is None:
+                delattr(platform_cls, name)
+            else:
+                setattr(platform_cls, name, value)
+        if conv_layout is None:
+            os.environ.pop("VLLM_SSM_CONV_STATE_LAYOUT", None)
+        else:
+            os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = conv_layout

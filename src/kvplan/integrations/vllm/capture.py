@@ -1,0 +1,295 @@
+"""Lossless conversion between vLLM's own ``KVCacheConfig`` and kvplan's input document.
+
+Both directions walk dataclass fields generically, so every ``KVCacheSpec`` subclass of the
+installed vLLM is handled without a per-class table: ``capture`` writes a spec's class name as
+``kind`` and each field's value in kvplan's JSON form (dtype names, enum member names,
+``Fraction`` as ``"n/d"``, ``MultipleOf`` as ``{"multiple_of": n}``); ``to_vllm`` reads the
+field types back from the vLLM classes' annotations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from fractions import Fraction
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import ValidationError
+
+from kvplan.schemas.canonical import to_data
+from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.input import InputDocument
+from kvplan.schemas.layout import parse_layout
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+__all__ = ["capture", "spec_class", "spec_classes", "to_vllm", "worker_form"]
+
+
+# -- vLLM -> document ---------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    """A vLLM value in kvplan's JSON form."""
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+    if value is None or isinstance(value, bool | str | float):
+        return value
+    if isinstance(value, Enum):  # before int: KVQuantMode is an IntEnum
+        return value.name
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, Fraction):
+        if value.denominator == 1:
+            return value.numerator
+        return f"{value.numerator}/{value.denominator}"
+    if isinstance(value, MultipleOf):
+        return {"multiple_of": value.base}
+    if isinstance(value, KVCacheSpec):
+        return {"kind": type(value).__name__, **_encode_fields(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _encode_fields(value)
+    if isinstance(value, Mapping):
+        return {str(key): _encode(item) for key, item in value.items()}
+    if isinstance(value, Sequence):
+        return [_encode(item) for item in value]
+    raise TypeError(f"kvplan cannot encode a {type(value).__name__} ({value!r})")
+
+
+def _encode_fields(obj: Any) -> dict[str, Any]:
+    return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+
+
+def worker_form(
+    kv_cache_config: KVCacheConfig, shared_kv_cache_layers: Mapping[str, str]
+) -> tuple[KVCacheConfig, bool]:
+    """``kv_cache_config`` without runner-appended KV-sharing layers, and whether it had them.
+
+    The runner's KV-sharing append puts each sharer in its target's group (``layer_names``
+    only); the scheduler/worker form has no sharers anywhere. The input is not modified.
+    """
+    sharers = set(shared_kv_cache_layers)
+    appended = any(
+        name in sharers for group in kv_cache_config.kv_cache_groups for name in group.layer_names
+    )
+    for tensor in kv_cache_config.kv_cache_tensors:
+        backed = sharers.intersection(tensor.layers)
+        if backed:
+            raise KVPlanError(
+                error(
+                    Code.INTEGRATION,
+                    "kv_cache_config.kv_cache_tensors",
+                    f"KV-sharing layers own cache tensors: {sorted(backed)}.",
+                    "a sharer must not appear in kv_cache_tensors; pass the map of the "
+                    "layers that read another layer's cache.",
+                )
+            )
+    if not appended:
+        return kv_cache_config, False
+    groups = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        owned = [name for name in group.layer_names if name not in sharers]
+        for name in group.layer_names:
+            target = shared_kv_cache_layers.get(name)
+            if target is not None and target not in group.layer_names:
+                raise KVPlanError(
+                    error(
+                        Code.INTEGRATION,
+                        f"kv_cache_config.kv_cache_groups[{gid}]",
+                        f"{name} shares {target}'s cache but sits in another group.",
+                        "vLLM appends each sharer to its target's group.",
+                    )
+                )
+        groups.append(dataclasses.replace(group, layer_names=owned))
+    return dataclasses.replace(kv_cache_config, kv_cache_groups=groups), True
+
+
+def capture(
+    kv_cache_config: KVCacheConfig,
+    *,
+    shared_kv_cache_layers: Mapping[str, str],
+    kernel_block_sizes: Sequence[int] | None = None,
+    layout: object | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> InputDocument:
+    """The input document of one worker's ``KVCacheConfig`` (lossless).
+
+    ``kv_cache_config`` may be the worker's config or the runner's copy after its KV-sharing
+    append: appended sharers are removed from the groups (the map keeps them). ``layout`` is
+    a vLLM ``KVCacheLayout`` or its name; it fills a config whose ``kv_cache_layout`` is unset
+    and must agree with one that is set.
+    """
+    import vllm
+
+    config, appended = worker_form(kv_cache_config, shared_kv_cache_layers)
+    data = _encode_fields(config)
+    if layout is not None:
+        wanted = parse_layout(layout).name
+        stamped = data.get("kv_cache_layout")
+        if stamped is not None and parse_layout(stamped).name != wanted:
+            raise KVPlanError(
+                error(
+                    Code.INTEGRATION,
+                    "kv_cache_config.kv_cache_layout",
+                    f"the config says {stamped} but layout={wanted} was passed.",
+                )
+            )
+        data["kv_cache_layout"] = wanted
+    meta = dict(metadata or {})
+    if appended:
+        meta.setdefault("captured_from", "runner")
+    document = {
+        "vllm_version": vllm.__version__,
+        "kv_cache_config": data,
+        "shared_kv_cache_layers": dict(shared_kv_cache_layers),
+        "kernel_block_sizes": None if kernel_block_sizes is None else list(kernel_block_sizes),
+        "metadata": meta,
+    }
+    try:
+        return InputDocument.model_validate(document)
+    except ValidationError as exc:
+        raise KVPlanError(
+            [
+                error(
+                    Code.SCHEMA,
+                    ".".join(str(part) for part in item["loc"]),
+                    f"vLLM {vllm.__version__} produced a value kvplan's schema rejects: "
+                    f"{item['msg']}.",
+                    "kvplan may not know this vLLM version's spec fields yet.",
+                )
+                for item in exc.errors()
+            ]
+        ) from exc
+
+
+# -- document -> vLLM ---------------------------------------------------------------------
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def spec_classes() -> dict[str, type[KVCacheSpec]]:
+    """Every ``KVCacheSpec`` class the installed vLLM has loaded, by class name."""
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+    return {cls.__name__: cls for cls in _all_subclasses(KVCacheSpec)}
+
+
+def spec_class(kind: str) -> type[KVCacheSpec]:
+    """The vLLM spec class called ``kind``."""
+    classes = spec_classes()
+    if kind not in classes:
+        raise KVPlanError(
+            error(
+                Code.UNKNOWN_SPEC_KIND,
+                "kind",
+                f"the installed vLLM has no KV-cache spec class {kind!r}.",
+                f"known: {', '.join(sorted(classes))}.",
+            )
+        )
+    return classes[kind]
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    from vllm.v1.attention.backend import MultipleOf
+
+    localns = {"MultipleOf": MultipleOf, "VllmConfig": Any}
+    return typing.get_type_hints(cls, localns=localns)
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """``value`` (kvplan's JSON form) as the vLLM type ``hint``."""
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        if isinstance(value, dict):
+            options = [o for o in options if dataclasses.is_dataclass(o) or o is dict]
+        elif isinstance(value, str) and Fraction in options:
+            return Fraction(value)
+        elif any(isinstance(o, type) and isinstance(value, o) for o in options):
+            return value
+        return _decode(options[0], value)
+    if hint is torch.dtype:
+        dtype = getattr(torch, value, None)
+        if not isinstance(dtype, torch.dtype):
+            raise KVPlanError(error(Code.UNKNOWN_DTYPE, "dtype", f"torch has no dtype {value!r}."))
+        return dtype
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        if isinstance(value, str) and value in hint.__members__:
+            return hint[value]
+        return hint(value)
+    if hint is Fraction:
+        return Fraction(value)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], item) for item in value)
+        return tuple(_decode(arg, item) for arg, item in zip(args, value, strict=True))
+    if origin is list:
+        return [_decode(args[0], item) for item in value]
+    if origin is dict:
+        return {key: _decode(args[1], item) for key, item in value.items()}
+    if isinstance(hint, type) and issubclass(hint, KVCacheSpec):
+        return _decode_spec(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if hint.__name__ == "MultipleOf":
+            return hint(value["multiple_of"])
+        return _decode_dataclass(hint, value)
+    return value
+
+
+def _decode_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
+    hints = _hints(cls)
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(data) - known - {"kind"}
+    if unknown:
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                cls.__name__,
+                f"vLLM's {cls.__name__} has no field(s) {sorted(unknown)}.",
+                "the document was written for another vLLM version.",
+            )
+        )
+    kwargs = {name: _decode(hints[name], value) for name, value in data.items() if name in known}
+    return cls(**kwargs)
+
+
+def _decode_spec(data: Mapping[str, Any]) -> KVCacheSpec:
+    return typing.cast("KVCacheSpec", _decode_dataclass(spec_class(data["kind"]), data))
+
+
+def to_vllm(document: InputDocument, *, with_sharers: bool = False) -> KVCacheConfig:
+    """vLLM's ``KVCacheConfig`` for ``document`` (``==`` the captured one).
+
+    ``with_sharers`` reproduces the runner's copy: each KV-sharing layer appended to its
+    target's group, as ``add_kv_sharing_layers_to_kv_cache_groups`` does.
+    """
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    config = _decode_dataclass(KVCacheConfig, to_data(document.kv_cache_config))
+    if with_sharers:
+        from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups
+
+        add_kv_sharing_layers_to_kv_cache_groups(
+            dict(document.shared_kv_cache_layers), config.kv_cache_groups
+        )
+    return typing.cast("KVCacheConfig", config)

@@ -1,0 +1,119 @@
+"""The offline commands as a user runs them: exit codes, streams, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+from tests.core import builders as b
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = sorted((ROOT / "tests" / "data" / "bad").iterdir())
+runner = CliRunner()
+
+
+@pytest.fixture
+def gemma(tmp_path: Path) -> Path:
+    path = tmp_path / "gemma.input.json"
+    path.write_text(json.dumps(b.gemma4_e2b()))
+    return path
+
+
+def test_there_are_at_least_25_bad_documents() -> None:
+    assert len(BAD) >= 25
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.name for p in BAD])
+def test_bad_document_fails_with_its_code_and_exit_2(path: Path) -> None:
+    code = path.name.split("-")[0]
+    for command in (["validate", str(path)], ["plan", str(path)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert "Traceback" not in result.output
+        first = result.stderr.strip().splitlines()[0]
+        assert first.startswith(code), first
+        assert result.stdout == ""
+
+
+def test_plan_prints_canonical_json_and_writes_yaml(gemma: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", str(gemma)])
+    assert result.exit_code == 0
+    plan = json.loads(result.stdout)
+    assert plan["format"] == "kvplan.plan/1" and len(plan["aliases"]) == 20
+    out = tmp_path / "plan.yaml"
+    assert runner.invoke(app, ["plan", str(gemma), "-o", str(out)]).exit_code == 0
+    assert out.read_text().startswith("format: kvplan.plan/1")
+
+
+def test_validate_json_reports_valid(gemma: Path) -> None:
+    result = runner.invoke(app, ["validate", str(gemma), "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["valid"] is True
+
+
+def test_show_renders_tables_and_json(gemma: Path) -> None:
+    result = runner.invoke(app, ["show", str(gemma)], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "aliases" in result.stdout and "model.layers.34.self_attn.attn" in result.stdout
+    assert "\x1b[" not in result.stdout
+    data = json.loads(runner.invoke(app, ["show", str(gemma), "--json"]).stdout)
+    assert data["summary"]["aliased_layers"] == 20
+
+
+def test_diff_exit_codes_and_formats(gemma: Path, tmp_path: Path) -> None:
+    same = runner.invoke(app, ["diff", str(gemma), str(gemma)])
+    assert same.exit_code == 0
+    other = tmp_path / "other.json"
+    doc = b.gemma4_e2b(num_blocks=65)
+    doc["shared_kv_cache_layers"].pop(b.name(34))
+    other.write_text(json.dumps(doc))
+    diff = runner.invoke(app, ["diff", str(gemma), str(other), "--format", "json"])
+    assert diff.exit_code == 1
+    changes = json.loads(diff.stdout)["changes"]
+    assert {"section": "aliases", "key": b.name(34), "change": "removed"}.items() <= changes[-1].items() or any(
+        c["section"] == "aliases" and c["key"] == b.name(34) and c["change"] == "removed"
+        for c in changes)
+    assert any(c["section"] == "source" and c["field"] == "num_blocks" for c in changes)
+    md = runner.invoke(app, ["diff", str(gemma), str(other), "--format", "markdown"])
+    assert md.exit_code == 1 and "| section |" in md.stdout
+    missing = runner.invoke(app, ["diff", str(gemma), str(tmp_path / "nope.json")])
+    assert missing.exit_code == 2 and "KVP002" in missing.stderr
+
+
+def test_schema_commands_match_committed_files() -> None:
+    for which, name in (("input", "kvplan.input.schema.json"), ("plan", "kvplan.plan.schema.json")):
+        result = runner.invoke(app, ["schema", which])
+        assert result.exit_code == 0
+        committed = (ROOT / "schemas" / name).read_text()
+        assert json.loads(result.stdout) == json.loads(committed), (
+            f"schemas/{name} is stale: run `kvplan schema {which} > schemas/{name}`")
+
+
+def test_import_and_plan_command_do_not_import_torch_or_vllm(gemma: Path) -> None:
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['kvplan', 'plan', {str(gemma)!r}]\n"
+        "try:\n    runpy.run_module('kvplan', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "bad = [m for m in ('torch', 'vllm') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["format"] == "kvplan.plan/1"
+
+
+def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "kvplan", "plan", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("KVP001") and "Traceback" not in proc.stderr
