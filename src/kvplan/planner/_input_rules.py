@@ -85,6 +85,11 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
         if spec is None or not spec.has_layer_views:
             continue
         page = spec.page_size_bytes
+        if page <= 0:
+            out.append(error(Code.SCHEMA, _loc_tensor(i),
+                f"the spec of {t.layers[0]} has an empty page ({page} bytes)",
+                "check num_kv_heads, head_size, block_size and tokens_per_state"))
+            continue
         if t.size % page:
             out.append(error(Code.SIZE_NOT_PAGE_MULTIPLE, _loc_tensor(i, "size"),
                 f"size {t.size} is not a multiple of the {page}-byte page of {t.layers[0]}",

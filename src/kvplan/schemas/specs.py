@@ -133,7 +133,7 @@ class _Spec(BaseModel):
     kind: str = ""
     block_size: int = Field(gt=0, description="tokens per block")
     dcp_sharded: bool = False
-    block_stride_alignment: int | MultipleOf | None = None
+    block_stride_alignment: Annotated[int, Field(gt=0)] | MultipleOf | None = None
     is_draft: bool = False
 
     # -- derived geometry (override per family) ---------------------------------------
@@ -255,7 +255,7 @@ class AttentionSpec(_Spec):
     dcp_sharded: bool = True
     max_tp_shards: int | None = None
     num_kv_heads: int = Field(gt=0)
-    head_size: int = Field(ge=0)
+    head_size: int = Field(gt=0)
     dtype: DType
     head_size_v: int | None = Field(default=None, ge=0)
     kv_quant_mode: KVQuantModeField = KVQuantMode.NONE

@@ -1,0 +1,286 @@
+"""``cuda-vmm``: CUDA virtual memory management through cuda-python's driver bindings.
+
+Context discipline: torch creates (or retains) the device's *primary* context; this backend
+makes sure that primary context is current and never creates one of its own. Physical memory
+comes in chunks (``cuMemCreate``), each mapped once (``cuMemMap``) and released right away
+(the mapping keeps it alive, as in NVIDIA's samples); access is granted with one
+``cuMemSetAccess`` per contiguous mapped range. Pools are wrapped zero-copy as ``int8``
+tensors over the reserved address.
+
+``cuda.bindings.driver`` is imported here only, lazily, so ``import kvplan.executor`` never
+needs cuda-python. Anything missing (cuda-python, a GPU, a driver, VMM support) raises
+:class:`~kvplan.schemas.errors.KVPlanError` ``KVP401`` with one readable paragraph.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from kvplan.executor.backends.base import BackendCallError, TrackedBackend
+from kvplan.schemas.errors import Code, KVPlanError, error
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+_ADVICE = (
+    "cuda-vmm needs an NVIDIA GPU with a working CUDA driver, a CUDA build of torch and "
+    "cuda-python (`pip install cuda-python`, module cuda.bindings.driver). Use "
+    "`--backend torch` for the same tensors from one plain torch.zeros allocation, or "
+    "`--backend host-vmm` to exercise the VMM executor on the CPU."
+)
+
+
+def unavailable(reason: str) -> KVPlanError:
+    """The ``KVP401`` error for ``reason`` (one sentence, no trailing period)."""
+    return KVPlanError(
+        error(
+            Code.BACKEND_UNAVAILABLE,
+            "backend.cuda-vmm",
+            f"The cuda-vmm backend is unavailable: {reason}. {_ADVICE}",
+            "use --backend torch (or host-vmm on a CPU machine)",
+        )
+    )
+
+
+def load_driver() -> ModuleType:
+    """``cuda.bindings.driver`` (or the pre-12.6 ``cuda.cuda``), else ``KVP401``."""
+    try:
+        from cuda.bindings import driver
+
+        return driver
+    except ImportError:
+        pass
+    try:
+        from cuda import cuda as legacy  # type: ignore[attr-defined]
+
+        return legacy  # type: ignore[no-any-return]
+    except ImportError:
+        raise unavailable("cuda-python is not installed (no module cuda.bindings.driver)") from None
+
+
+def touch_torch_device(device: str | None) -> int:
+    """Let torch initialise CUDA and the device's primary context; the device index."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise unavailable("torch sees no CUDA device (torch.cuda.is_available() is False)")
+    dev = torch.device(device or "cuda")
+    if dev.type != "cuda":
+        raise unavailable(f"device {str(dev)!r} is not a CUDA device")
+    try:
+        torch.cuda.init()
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(index):
+            torch.empty(1, device=f"cuda:{index}")  # forces the primary context
+    except Exception as exc:  # torch raises RuntimeError/AssertionError flavours here
+        raise unavailable(f"torch could not initialise CUDA ({_first_line(exc)})") from None
+    return int(index)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class CudaVmmBackend(TrackedBackend):
+    """CUDA VMM primitives on one device (``device``: ``cuda``, ``cuda:N`` or ``None``)."""
+
+    name = "cuda-vmm"
+    reserve_commits = False
+    fresh_memory_is_zero = False
+    call_names = {  # noqa: RUF012
+        "granularity": "cuMemGetAllocationGranularity",
+        "reserve": "cuMemAddressReserve",
+        "create": "cuMemCreate",
+        "map": "cuMemMap",
+        "set_access": "cuMemSetAccess",
+        "zero": "cuMemsetD8Async",
+        "synchronize": "torch.cuda.synchronize",
+        "wrap": "torch storage from pointer",
+        "unmap": "cuMemUnmap",
+        "release": "cuMemRelease",
+        "free": "cuMemAddressFree",
+    }
+
+    def __init__(self, *, device: str | None = None, wrap_route: str = "auto") -> None:
+        drv = load_driver()
+        index = touch_torch_device(device)
+        super().__init__()
+        import torch
+
+        self._torch = torch
+        self._drv = drv
+        self.wrap_route = wrap_route
+        self.index = index
+        self.device = f"cuda:{index}"
+        self._retained = False
+        ok = drv.CUresult.CUDA_SUCCESS
+        self._ok = ok
+        try:
+            (err,) = drv.cuInit(0)
+        except Exception as exc:  # e.g. the driver library cannot be loaded
+            raise unavailable(f"cuInit failed ({_first_line(exc)})") from None
+        if err != ok:
+            raise unavailable(f"cuInit returned {self._err_text(err)}")
+        err, self._cudev = drv.cuDeviceGet(index)
+        if err != ok:
+            raise unavailable(f"cuDeviceGet({index}) returned {self._err_text(err)}")
+        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        err, vmm = drv.cuDeviceGetAttribute(attr, self._cudev)
+        if err != ok or not vmm:
+            raise unavailable(f"device {index} does not support virtual memory management")
+        err, self._primary = drv.cuDevicePrimaryCtxRetain(self._cudev)
+        if err != ok:
+            raise unavailable(f"cuDevicePrimaryCtxRetain returned {self._err_text(err)}")
+        self._retained = True
+        self._ensure_ctx()
+
+        prop = drv.CUmemAllocationProp()
+        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = index
+        self._prop = prop
+        desc = drv.CUmemAccessDesc()
+        desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = index
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self._access = [desc]
+
+    # -- helpers --------------------------------------------------------------------------
+    def _err_text(self, err: Any) -> str:
+        try:
+            _, name = self._drv.cuGetErrorName(err)
+            _, text = self._drv.cuGetErrorString(err)
+            return f"{name.decode()} ({text.decode()})"
+        except Exception:
+            return str(err)
+
+    def _check(self, call: str, result: Any, what: str) -> Any:
+        err = result[0] if isinstance(result, tuple) else result
+        if err != self._ok:
+            raise BackendCallError(call, f"{what}: {self._err_text(err)}")
+        if isinstance(result, tuple):
+            return result[1] if len(result) == 2 else result[1:]
+        return None
+
+    def _ensure_ctx(self) -> None:
+        """Make the primary context current on this thread (never create a context)."""
+        err, current = self._drv.cuCtxGetCurrent()
+        if err == self._ok and int(current) == int(self._primary):
+            return
+        self._check("cuCtxSetCurrent", self._drv.cuCtxSetCurrent(self._primary), "primary")
+
+    # -- protocol -------------------------------------------------------------------------
+    def granularity(self) -> int:
+        self.calls("granularity")
+        flag = self._drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        res = self._drv.cuMemGetAllocationGranularity(self._prop, flag)
+        return int(self._check("cuMemGetAllocationGranularity", res, "minimum"))
+
+    def reserve(self, size: int, alignment: int) -> int:
+        self.calls("reserve")
+        self._ensure_ctx()
+        res = self._drv.cuMemAddressReserve(size, alignment, 0, 0)
+        ptr = int(self._check("cuMemAddressReserve", res, f"{size} bytes"))
+        self._reservations[ptr] = size
+        return ptr
+
+    def create(self, size: int) -> Any:
+        self.calls("create")
+        handle = self._check("cuMemCreate", self._drv.cuMemCreate(size, self._prop, 0), f"{size}")
+        self._handles[int(handle)] = size
+        return handle
+
+    def map(self, address: int, size: int, handle: Any) -> None:
+        self.calls("map")
+        self._check("cuMemMap", self._drv.cuMemMap(address, size, 0, handle, 0), f"{size} bytes")
+        self._mappings[address] = size
+
+    def set_access(self, address: int, size: int) -> None:
+        self.calls("set_access")
+        res = self._drv.cuMemSetAccess(address, size, self._access, 1)
+        self._check("cuMemSetAccess", res, f"{size} bytes")
+
+    def zero(self, address: int, size: int) -> None:
+        self.calls("zero")
+        self._ensure_ctx()
+        stream = self._torch.cuda.current_stream(self.index).cuda_stream
+        res = self._drv.cuMemsetD8Async(address, 0, size, self._drv.CUstream(stream))
+        self._check("cuMemsetD8Async", res, f"{size} bytes")
+
+    def synchronize(self) -> None:
+        self.calls("synchronize")
+        try:
+            self._torch.cuda.synchronize(self.index)
+        except RuntimeError as exc:
+            raise BackendCallError("torch.cuda.synchronize", _first_line(exc)) from exc
+
+    def wrap(self, address: int, size: int) -> Tensor:
+        self.calls("wrap")
+        tensor = wrap_device_pointer(address, size, self.device, route=self.wrap_route)
+        if tensor.data_ptr() != address:
+            raise BackendCallError("wrap", "the tensor is not zero-copy")
+        return tensor
+
+    def unmap(self, address: int, size: int) -> None:
+        self.calls("unmap")
+        self._check("cuMemUnmap", self._drv.cuMemUnmap(address, size), f"{size} bytes")
+        self._mappings.pop(address, None)
+
+    def release(self, handle: Any) -> None:
+        self.calls("release")
+        self._check("cuMemRelease", self._drv.cuMemRelease(handle), "handle")
+        self._handles.pop(int(handle), None)
+
+    def free(self, address: int, size: int) -> None:
+        self.calls("free")
+        self._check("cuMemAddressFree", self._drv.cuMemAddressFree(address, size), f"{size}")
+        self._reservations.pop(address, None)
+
+    def mem_info(self) -> tuple[int, int]:
+        """``(free, total)`` device memory in bytes (``cuMemGetInfo``)."""
+        self._ensure_ctx()
+        free, total = self._check("cuMemGetInfo", self._drv.cuMemGetInfo(), "")
+        return int(free), int(total)
+
+    def close(self) -> None:
+        if self._retained:
+            self._retained = False
+            self._drv.cuDevicePrimaryCtxRelease(self._cudev)
+
+
+class _CudaArray:
+    """A minimal ``__cuda_array_interface__`` (v3) exporter of ``size`` int8 bytes."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|i1",
+            "data": (address, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def wrap_device_pointer(address: int, size: int, device: str, route: str = "auto") -> Tensor:
+    """A non-owning ``int8`` tensor of ``size`` bytes at device ``address`` (zero-copy).
+
+    ``route``: ``storage`` uses torch's storage-from-pointer constructor (no pointer-attribute
+    query, so it also works on partly mapped reservations); ``cai`` goes through
+    ``__cuda_array_interface__``; ``auto`` tries ``storage`` first.
+    """
+    import torch
+
+    construct = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if route == "storage" and construct is None:
+        raise BackendCallError("wrap", "this torch has no _construct_storage_from_data_pointer")
+    if construct is not None and route in ("auto", "storage"):
+        try:
+            storage = construct(address, torch.device(device), size)
+            out = torch.empty(0, dtype=torch.int8, device=device)
+            return out.set_(storage, 0, (size,), (1,))
+        except (TypeError, RuntimeError):
+            if route == "storage":
+                raise
+    return torch.as_tensor(_CudaArray(address, size), device=device)
