@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvplan.executor.backends.base import BackendCallError, TrackedBackend, round_up
+from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -26,7 +27,16 @@ class MetaBackend(TrackedBackend):
     fresh_memory_is_zero = True
     call_names = {op: f"meta.{op}" for op in ("reserve", "create", "map", "unmap", "free")}  # noqa: RUF012
 
-    def __init__(self, *, granularity: int = _PAGE) -> None:
+    def __init__(self, *, device: str | None = None, granularity: int = _PAGE) -> None:
+        if device not in (None, "meta"):
+            raise KVPlanError(
+                error(
+                    Code.BACKEND_UNAVAILABLE,
+                    "backend",
+                    f"The meta backend only makes meta tensors; device {device!r} is not 'meta'.",
+                    "drop --device, or use --backend torch for real memory",
+                )
+            )
         super().__init__()
         self._granularity = granularity
         self._next = _BASE

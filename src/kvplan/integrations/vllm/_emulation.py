@@ -4,7 +4,8 @@ kvplan runs vLLM on the CPU (``VLLM_TARGET_DEVICE=cpu``) but plans for NVIDIA GP
 class methods of the CPU platform decide what ends up in the KV-cache specs, and each is
 swapped for the CUDA behaviour inside :func:`cuda_platform`:
 
-* ``get_attn_backend_cls``: a backend vLLM or the user selected is honoured; otherwise
+* ``get_attn_backend_cls``: a backend vLLM or the user (``--attention-backend``) selected is
+  honoured; otherwise
   FlashAttention (FlashAttention 3 on an H100/H200), TritonAttention for KV dtypes
   FlashAttention does not store (e.g. ``int8_per_token_head``), and TritonMLA for MLA
   (FlashMLA's kernels cannot be loaded without CUDA);
@@ -51,24 +52,18 @@ def _cuda_check_and_update_config(vllm_config: Any) -> None:
 
 
 @contextmanager
-def cuda_platform(attention_backend: str | None = None) -> Iterator[None]:
-    """Within this block the current (CPU) platform answers as CUDA would for KV planning.
-
-    ``attention_backend`` (an ``AttentionBackendEnum`` name) overrides kvplan's default
-    choice for layers vLLM does not select a backend for.
-    """
+def cuda_platform() -> Iterator[None]:
+    """Within this block the current (CPU) platform answers as CUDA would for KV planning."""
     from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     platform_cls = type(current_platform)
-    forced = AttentionBackendEnum[attention_backend.upper()] if attention_backend else None
-
     def get_attn_backend_cls(
         cls: type, selected_backend: Any, attn_selector_config: Any, *args: Any, **kwargs: Any
     ) -> str:
-        chosen = selected_backend or forced
+        chosen = selected_backend
         if chosen is None:
             name = default_backend_name(
                 attn_selector_config.kv_cache_dtype,

@@ -1,0 +1,102 @@
+"""Fault injection: a wrapper backend whose N-th primitive call fails.
+
+``FaultyBackend(inner, fail_at=n)`` forwards everything to ``inner`` and raises
+:class:`~kvplan.executor.backends.base.BackendCallError` instead of making call number
+``n`` (0-based, counted over :data:`~kvplan.executor.backends.base.OPS`, optionally only
+those in ``ops``). Calls after the failure (the rollback) go through. Tests fail every call
+index in turn and assert ``inner.live().clean`` afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from kvplan.executor.backends.base import Backend, BackendCallError, CallLog, LiveResources
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class FaultyBackend:
+    """Delegates to ``inner``; call ``fail_at`` (or every call in ``fail_ops``) raises."""
+
+    def __init__(
+        self,
+        inner: Backend,
+        *,
+        fail_at: int | None = None,
+        ops: Collection[str] | None = None,
+        fail_ops: Collection[str] = (),
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.device = inner.device
+        self.reserve_commits = inner.reserve_commits
+        self.fresh_memory_is_zero = inner.fresh_memory_is_zero
+        self.call_names = inner.call_names
+        self.calls = CallLog()
+        self.fail_at = fail_at
+        self.ops = set(ops) if ops is not None else None
+        self.fail_ops = set(fail_ops)
+        self.failed: list[tuple[int, str]] = []
+
+    def _gate(self, op: str) -> None:
+        if self.ops is not None and op not in self.ops:
+            return
+        index = self.calls.total
+        self.calls(op)
+        if index == self.fail_at or op in self.fail_ops:
+            self.failed.append((index, op))
+            call = self.call_names.get(op, op)
+            raise BackendCallError(call, f"injected failure at call #{index} ({op})")
+
+    def granularity(self) -> int:
+        self._gate("granularity")
+        return self.inner.granularity()
+
+    def reserve(self, size: int, alignment: int) -> int:
+        self._gate("reserve")
+        return self.inner.reserve(size, alignment)
+
+    def create(self, size: int) -> Any:
+        self._gate("create")
+        return self.inner.create(size)
+
+    def map(self, address: int, size: int, handle: Any) -> None:
+        self._gate("map")
+        self.inner.map(address, size, handle)
+
+    def set_access(self, address: int, size: int) -> None:
+        self._gate("set_access")
+        self.inner.set_access(address, size)
+
+    def zero(self, address: int, size: int) -> None:
+        self._gate("zero")
+        self.inner.zero(address, size)
+
+    def synchronize(self) -> None:
+        self._gate("synchronize")
+        self.inner.synchronize()
+
+    def wrap(self, address: int, size: int) -> Tensor:
+        self._gate("wrap")
+        return self.inner.wrap(address, size)
+
+    def unmap(self, address: int, size: int) -> None:
+        self._gate("unmap")
+        self.inner.unmap(address, size)
+
+    def release(self, handle: Any) -> None:
+        self._gate("release")
+        self.inner.release(handle)
+
+    def free(self, address: int, size: int) -> None:
+        self._gate("free")
+        self.inner.free(address, size)
+
+    def live(self) -> LiveResources:
+        return self.inner.live()
+
+    def close(self) -> None:
+        self.inner.close()
