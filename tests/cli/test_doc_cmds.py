@@ -76,9 +76,12 @@ def test_diff_exit_codes_and_formats(gemma: Path, tmp_path: Path) -> None:
     diff = runner.invoke(app, ["diff", str(gemma), str(other), "--format", "json"])
     assert diff.exit_code == 1
     changes = json.loads(diff.stdout)["changes"]
-    assert {"section": "aliases", "key": b.name(34), "change": "removed"}.items() <= changes[-1].items() or any(
+    assert {"section": "aliases", "key": b.name(34), "change": "removed"}.items() <= changes[
+        -1
+    ].items() or any(
         c["section"] == "aliases" and c["key"] == b.name(34) and c["change"] == "removed"
-        for c in changes)
+        for c in changes
+    )
     assert any(c["section"] == "source" and c["field"] == "num_blocks" for c in changes)
     md = runner.invoke(app, ["diff", str(gemma), str(other), "--format", "markdown"])
     assert md.exit_code == 1 and "| section |" in md.stdout
@@ -92,7 +95,8 @@ def test_schema_commands_match_committed_files() -> None:
         assert result.exit_code == 0
         committed = (ROOT / "schemas" / name).read_text()
         assert json.loads(result.stdout) == json.loads(committed), (
-            f"schemas/{name} is stale: run `kvplan schema {which} > schemas/{name}`")
+            f"schemas/{name} is stale: run `kvplan schema {which} > schemas/{name}`"
+        )
 
 
 def test_import_and_plan_command_do_not_import_torch_or_vllm(gemma: Path) -> None:
@@ -104,8 +108,7 @@ def test_import_and_plan_command_do_not_import_torch_or_vllm(gemma: Path) -> Non
         "bad = [m for m in ('torch', 'vllm') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["format"] == "kvplan.plan/1"
 
@@ -113,7 +116,11 @@ def test_import_and_plan_command_do_not_import_torch_or_vllm(gemma: Path) -> Non
 def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "kvplan", "plan", str(bad)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvplan", "plan", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("KVP001") and "Traceback" not in proc.stderr

@@ -52,49 +52,69 @@ CASES: dict[str, Any] = {
     "KVP006-unknown-dtype.json": _mut(lambda d: spec(d).update(dtype="float7")),
     "KVP007-unknown-layout.json": _mut(lambda d: cfg(d).update(kv_cache_layout="LNBHC")),
     "KVP008-unknown-quant-mode.json": _mut(lambda d: spec(d).update(kv_quant_mode="FP3")),
-    "KVP102-tensor-without-layers.json": _mut(lambda d: cfg(d)["kv_cache_tensors"].append(
-        dict(tensor(d), layers=[]))),
-    "KVP103-tensor-sizes-differ.json": _mut(lambda d: cfg(d)["kv_cache_tensors"].append(
-        dict(tensor(d), size=tensor(d)["size"] * 2, layers=["extra.attn"]))
-        or cfg(d)["kv_cache_groups"][0]["layer_names"].append("extra.attn")),
+    "KVP102-tensor-without-layers.json": _mut(
+        lambda d: cfg(d)["kv_cache_tensors"].append(dict(tensor(d), layers=[]))
+    ),
+    "KVP103-tensor-sizes-differ.json": _mut(
+        lambda d: (
+            cfg(d)["kv_cache_tensors"].append(
+                dict(tensor(d), size=tensor(d)["size"] * 2, layers=["extra.attn"])
+            )
+            or cfg(d)["kv_cache_groups"][0]["layer_names"].append("extra.attn")
+        )
+    ),
     "KVP104-layer-in-no-group.json": _mut(lambda d: tensor(d)["layers"].append("ghost.attn")),
     "KVP105-group-layer-unbound.json": _mut(
-        lambda d: cfg(d)["kv_cache_groups"][0]["layer_names"].append("orphan.attn")),
-    "KVP106-layer-bound-twice.json": _mut(lambda d: cfg(d)["kv_cache_tensors"].append(
-        dict(tensor(d), layers=[b.name(0)]))),
+        lambda d: cfg(d)["kv_cache_groups"][0]["layer_names"].append("orphan.attn")
+    ),
+    "KVP106-layer-bound-twice.json": _mut(
+        lambda d: cfg(d)["kv_cache_tensors"].append(dict(tensor(d), layers=[b.name(0)]))
+    ),
     "KVP107-size-not-page-multiple.json": _mut(lambda d: tensor(d).update(size=8388608 + 100)),
     "KVP108-padded-page-too-small.json": _mut(lambda d: spec(d).update(page_size_padded=1024)),
     "KVP109-uniform-spec-missing-layer.json": _mut(
-        lambda d: spec(d, 0)["kv_cache_specs"].pop(b.name(0)), b.gemma4_e2b("BLHNC")),
-    "KVP110-kernel-block-not-dividing.json": _mut(
-        lambda d: d.update(kernel_block_sizes=[24])),
+        lambda d: spec(d, 0)["kv_cache_specs"].pop(b.name(0)), b.gemma4_e2b("BLHNC")
+    ),
+    "KVP110-kernel-block-not-dividing.json": _mut(lambda d: d.update(kernel_block_sizes=[24])),
     "KVP111-kernel-split-block-outermost.json": _mut(
-        lambda d: d.update(kernel_block_sizes=[8, 8, 16]), b.gemma4_e2b("BLHNC")),
-    "KVP112-kernel-block-sizes-length.json": _mut(
-        lambda d: d.update(kernel_block_sizes=[16, 16])),
+        lambda d: d.update(kernel_block_sizes=[8, 8, 16]), b.gemma4_e2b("BLHNC")
+    ),
+    "KVP112-kernel-block-sizes-length.json": _mut(lambda d: d.update(kernel_block_sizes=[16, 16])),
     "KVP113-layer-in-two-groups.json": _mut(
-        lambda d: cfg(d)["kv_cache_groups"][1]["layer_names"].append(b.name(0)), G4),
+        lambda d: cfg(d)["kv_cache_groups"][1]["layer_names"].append(b.name(0)), G4
+    ),
     "KVP114-layout-missing.json": _mut(lambda d: cfg(d).pop("kv_cache_layout")),
     "KVP201-alias-target-missing.json": _mut(
-        lambda d: d["shared_kv_cache_layers"].update({L15: "model.layers.99.self_attn.attn"}),
-        G4),
+        lambda d: d["shared_kv_cache_layers"].update({L15: "model.layers.99.self_attn.attn"}), G4
+    ),
     "KVP202-alias-target-not-backed.json": _mut(
-        lambda d: cfg(d)["kv_cache_groups"].append(
-            {"layer_names": ["enc.attn"],
-             "kv_cache_spec": dict(spec(d, 4), kind="EncoderOnlyAttentionSpec")})
-        or d["shared_kv_cache_layers"].update({L15: "enc.attn"}), G4),
+        lambda d: (
+            cfg(d)["kv_cache_groups"].append(
+                {
+                    "layer_names": ["enc.attn"],
+                    "kv_cache_spec": dict(spec(d, 4), kind="EncoderOnlyAttentionSpec"),
+                }
+            )
+            or d["shared_kv_cache_layers"].update({L15: "enc.attn"})
+        ),
+        G4,
+    ),
     "KVP203-alias-chain.json": _mut(lambda d: d["shared_kv_cache_layers"].update({L16: L15}), G4),
     "KVP204-alias-cycle.json": _mut(
-        lambda d: d["shared_kv_cache_layers"].update({L15: L16, L16: L15}), G4),
+        lambda d: d["shared_kv_cache_layers"].update({L15: L16, L16: L15}), G4
+    ),
     "KVP205-self-alias.json": _mut(lambda d: d["shared_kv_cache_layers"].update({L15: L15}), G4),
     "KVP206-alias-kind-mismatch.json": _mut(
-        lambda d: cfg(d)["kv_cache_groups"][4]["layer_names"].append(L15), G4),
+        lambda d: cfg(d)["kv_cache_groups"][4]["layer_names"].append(L15), G4
+    ),
     "KVP207-alias-also-bound.json": _mut(
-        lambda d: d["shared_kv_cache_layers"].update({b.name(0): b.name(1)})),
+        lambda d: d["shared_kv_cache_layers"].update({b.name(0): b.name(1)})
+    ),
     "KVP301-view-out-of-bounds.json": _mut(lambda d: tensor(d).update(offset=4096)),
     "KVP302-views-overlap.json": _mut(lambda d: tensor(d).update(layer_stride=4096)),
     "KVP303-block-stride-misaligned.json": _mut(
-        lambda d: spec(d).update(block_stride_alignment=3000)),
+        lambda d: spec(d).update(block_stride_alignment=3000)
+    ),
 }
 
 
@@ -104,11 +124,15 @@ def main() -> None:
         old.unlink()
     for name, doc in CASES.items():
         (OUT / name).write_text(json.dumps(doc, indent=1) + "\n")
-    (OUT / "KVP001-malformed.json").write_text('{"format": "kvplan.input/1", "kv_cache_config": {\n')
+    (OUT / "KVP001-malformed.json").write_text(
+        '{"format": "kvplan.input/1", "kv_cache_config": {\n'
+    )
     (OUT / "KVP001-malformed.yaml").write_text("format: kvplan.input/1\nkv_cache_config: [a, b\n")
     (OUT / "KVP005-unknown-spec-kind.yaml").write_text(
         "kv_cache_config:\n  num_blocks: 4\n  kv_cache_layout: LBNHC\n  kv_cache_tensors: []\n"
-        "  kv_cache_groups:\n  - layer_names: [a]\n    kv_cache_spec: {kind: Bogus, block_size: 16}\n")
+        "  kv_cache_groups:\n  - layer_names: [a]\n"
+        "    kv_cache_spec: {kind: Bogus, block_size: 16}\n"
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ def test_llama_layer_outermost_views_match_vllm() -> None:
     plan = _plan(b.llama(4, num_blocks=512))
     assert plan.pools[0].size_bytes == 8388608
     first, last = plan.views[0], plan.views[3]
-    assert (first.shape, first.stride, first.offset_bytes) == ([512, 2, 16, 64], [2048, 64, 128, 1], 0)
+    assert (first.shape, first.stride, first.offset_bytes) == (
+        [512, 2, 16, 64],
+        [2048, 64, 128, 1],
+        0,
+    )
     assert last.offset_bytes == 6291456
     assert plan.summary.bytes_per_block == 16384
 
@@ -30,7 +34,10 @@ def test_gemma4_e2b_lbnhc_matches_vllm_and_aliases_20_layers() -> None:
     views = plan.view_by_layer
     l13 = views[b.name(13)]
     assert (l13.shape, l13.stride, l13.offset_bytes) == (
-        [2730, 1, 32, 512], [16384, 512, 512, 1], 178913280)
+        [2730, 1, 32, 512],
+        [16384, 512, 512, 1],
+        178913280,
+    )
     assert len(plan.views) == 15 and len(plan.aliases) == 20
     targets = {a.layer: a.target for a in plan.aliases}
     assert targets[b.name(15)] == b.name(13) and targets[b.name(19)] == b.name(14)
@@ -69,21 +76,26 @@ def test_mamba_views_are_int8_pages_with_the_padded_stride() -> None:
     assert attn.shape == [16, 2, 272, 128] and attn.stride == [69632, 128, 256, 1]
 
 
-@pytest.mark.parametrize("layout,layer_stride,block_stride,expect_stride", [
-    # (layer_stride, block_stride) as vLLM's get_kv_cache_config_from_groups places them
-    ("LBHNC", 262144, 4096, [2048, 1024, 64, 1]),
-    ("LBNHC", 262144, 4096, [2048, 64, 128, 1]),
-    ("LHBNC", 262144, 2048, [1024, 65536, 64, 1]),
-    ("BLHNC", 4096, 16384, [8192, 1024, 64, 1]),
-    ("BLNHC", 4096, 16384, [8192, 64, 128, 1]),
-    ("BHLNC", 2048, 16384, [8192, 4096, 64, 1]),
-])
-def test_all_six_layouts(layout: str, layer_stride: int, block_stride: int,
-                         expect_stride: list[int]) -> None:
+@pytest.mark.parametrize(
+    "layout,layer_stride,block_stride,expect_stride",
+    [
+        # (layer_stride, block_stride) as vLLM's get_kv_cache_config_from_groups places them
+        ("LBHNC", 262144, 4096, [2048, 1024, 64, 1]),
+        ("LBNHC", 262144, 4096, [2048, 64, 128, 1]),
+        ("LHBNC", 262144, 2048, [1024, 65536, 64, 1]),
+        ("BLHNC", 4096, 16384, [8192, 1024, 64, 1]),
+        ("BLNHC", 4096, 16384, [8192, 64, 128, 1]),
+        ("BHLNC", 2048, 16384, [8192, 4096, 64, 1]),
+    ],
+)
+def test_all_six_layouts(
+    layout: str, layer_stride: int, block_stride: int, expect_stride: list[int]
+) -> None:
     # 4 layers, 2 heads, 16 tokens, hd 32 bf16: page 4096 B; 64 blocks
     doc = b.llama(4, num_blocks=64, layout=layout)
-    doc["kv_cache_config"]["kv_cache_tensors"][0].update(layer_stride=layer_stride,
-                                                          block_stride=block_stride)
+    doc["kv_cache_config"]["kv_cache_tensors"][0].update(
+        layer_stride=layer_stride, block_stride=block_stride
+    )
     plan = _plan(doc)
     assert plan.views[0].stride == expect_stride
     assert plan.views[1].offset_bytes == layer_stride
@@ -109,8 +121,20 @@ def test_kernel_split_of_a_packed_layout_is_refused_like_vllm() -> None:
 
 
 def test_specs_without_layer_views_get_the_whole_pool() -> None:
-    doc = b.document([(["hot"], {"kind": "HiSparseHotSpec", "block_size": 64,
-                                 "page_size": 4096, "blocks_per_request": 2})], num_blocks=8)
+    doc = b.document(
+        [
+            (
+                ["hot"],
+                {
+                    "kind": "HiSparseHotSpec",
+                    "block_size": 64,
+                    "page_size": 4096,
+                    "blocks_per_request": 2,
+                },
+            )
+        ],
+        num_blocks=8,
+    )
     doc["kv_cache_config"]["kv_cache_tensors"][0].update(layer_stride=4096, block_stride=4096)
     plan = _plan(doc)
     assert plan.views[0].shape == [plan.pools[0].size_bytes] and plan.views[0].dtype == "int8"
@@ -157,8 +181,9 @@ def test_plan_is_deterministic_and_fingerprinted() -> None:
 
 def test_validate_a_plan_catches_a_tampered_view() -> None:
     plan = _plan(b.llama(4))
-    views = [v.model_copy(update={"offset_bytes": 16}) if i == 1 else v
-             for i, v in enumerate(plan.views)]
+    views = [
+        v.model_copy(update={"offset_bytes": 16}) if i == 1 else v for i, v in enumerate(plan.views)
+    ]
     bad = plan.model_copy(update={"views": views})
     codes = {d.code.value for d in kvplan.validate(bad) if d.is_error}
     assert "KVP302" in codes  # overlaps layer 0
@@ -168,7 +193,10 @@ def test_validate_a_plan_catches_alias_chains_and_missing_targets() -> None:
     plan = _plan(b.gemma4_e2b())
     from kvplan.schemas import Alias
 
-    aliases = [*plan.aliases, Alias(layer="x.attn", target=b.name(15)),
-               Alias(layer="y.attn", target="nowhere")]
+    aliases = [
+        *plan.aliases,
+        Alias(layer="x.attn", target=b.name(15)),
+        Alias(layer="y.attn", target="nowhere"),
+    ]
     codes = {d.code.value for d in kvplan.validate(plan.model_copy(update={"aliases": aliases}))}
     assert {"KVP203", "KVP201"} <= codes

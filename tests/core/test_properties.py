@@ -30,8 +30,7 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     num_blocks = draw(st.integers(1, 40))
     dtype = draw(st.sampled_from(["bfloat16", "float16", "uint8", "float32"]))
     pad = draw(st.booleans()) and layout in ("LBHNC", "LBNHC", "BLHNC", "BLNHC")
-    spec: dict[str, Any] = b.attn_spec(block_size=block, heads=heads, head_size=head,
-                                       dtype=dtype)
+    spec: dict[str, Any] = b.attn_spec(block_size=block, heads=heads, head_size=head, dtype=dtype)
     page = b.page_bytes(spec)
     if pad:
         spec["page_size_padded"] = page + 256 * draw(st.integers(1, 4))
@@ -57,17 +56,25 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
         ls, bs = N * C, N * C * L * H
     del dense, inner
     size = (bs * B) if layout not in ("LBHNC", "LBNHC", "LHBNC") else ls * L
-    tensors = [{"size": size, "layers": list(g), "layer_stride": ls, "block_stride": bs}
-               for g in names]
+    tensors = [
+        {"size": size, "layers": list(g), "layer_stride": ls, "block_stride": bs} for g in names
+    ]
     groups = [{"layer_names": list(g), "kv_cache_spec": spec} for g in names]
     shared: dict[str, str] = {}
     n_shared = draw(st.integers(0, 4))
     for k in range(n_shared):
         shared[f"shared{k}.attn"] = draw(st.sampled_from([n for g in names for n in g]))
-    return {"format": "kvplan.input/1", "vllm_version": "0.33.0",
-            "kv_cache_config": {"num_blocks": num_blocks, "kv_cache_layout": layout,
-                                "kv_cache_tensors": tensors, "kv_cache_groups": groups},
-            "shared_kv_cache_layers": shared}
+    return {
+        "format": "kvplan.input/1",
+        "vllm_version": "0.33.0",
+        "kv_cache_config": {
+            "num_blocks": num_blocks,
+            "kv_cache_layout": layout,
+            "kv_cache_tensors": tensors,
+            "kv_cache_groups": groups,
+        },
+        "shared_kv_cache_layers": shared,
+    }
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,7 +87,7 @@ def test_generated_configs_plan_cleanly(data: dict[str, Any]) -> None:
     assert {a.layer for a in plan.aliases} == set(data["shared_kv_cache_layers"])
     for view in plan.views:
         lo, hi = view.byte_extent
-        assert 0 <= lo and hi <= plan.pools[0].size_bytes
+        assert lo >= 0 and hi <= plan.pools[0].size_bytes
     assert [d for d in kvplan.validate(plan) if d.is_error] == []
     text = kvplan.dumps(plan)
     assert kvplan.dumps(kvplan.plan(parse_input(data))) == text  # deterministic
@@ -116,14 +123,23 @@ def _paths(node: Any, prefix: list[Any]) -> list[list[Any]]:
     return out
 
 
-JUNK = st.one_of(st.none(), st.integers(-(2**70), 2**70), st.text(max_size=5), st.booleans(),
-                 st.lists(st.integers(-3, 3), max_size=3), st.just({}), st.just(-1), st.just(0))
+JUNK = st.one_of(
+    st.none(),
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=5),
+    st.booleans(),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.just({}),
+    st.just(-1),
+    st.just(0),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), st.data())
-def test_corruptions_give_diagnostics_never_other_exceptions(data: dict[str, Any],
-                                                            draw: st.DataObject) -> None:
+def test_corruptions_give_diagnostics_never_other_exceptions(
+    data: dict[str, Any], draw: st.DataObject
+) -> None:
     paths = _paths(data, [])
     path = draw.draw(st.sampled_from(paths))
     bad = _corrupt(data, path, draw.draw(JUNK))

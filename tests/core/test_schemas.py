@@ -29,14 +29,16 @@ def test_head_size_v_defaults_to_head_size_but_mla_defaults_to_zero() -> None:
 
 def test_dtype_accepts_torch_prefix_and_dumps_without_it() -> None:
     spec = FullAttentionSpec.model_validate(
-        {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "torch.float8_e4m3fn"})
+        {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "torch.float8_e4m3fn"}
+    )
     assert spec.dtype == "float8_e4m3fn"
     assert '"float8_e4m3fn"' in spec.model_dump_json()
 
 
 def test_fraction_tokens_per_state_parses_and_dumps_as_n_over_d() -> None:
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="bfloat16",
-                             tokens_per_state="1/4")  # type: ignore[arg-type]
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=8, dtype="bfloat16", tokens_per_state="1/4"
+    )  # type: ignore[arg-type]
     assert spec.tokens_per_state == Fraction(1, 4)
     assert spec.num_states == 64  # Whisper block pooling: 4 states per token
     assert spec.model_dump(mode="json")["tokens_per_state"] == "1/4"
@@ -46,21 +48,34 @@ def test_fraction_tokens_per_state_parses_and_dumps_as_n_over_d() -> None:
 
 def test_inline_per_token_head_scales_widen_the_state() -> None:
     # TritonAttention int8_per_token_head: C = (32 + 32) * 1 + 2 * 4 bytes = 72
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype="int8",
-                             kv_quant_mode="INT8_PER_TOKEN_HEAD", state_content_bytes=72)
+    spec = FullAttentionSpec(
+        block_size=16,
+        num_kv_heads=2,
+        head_size=32,
+        dtype="int8",
+        kv_quant_mode="INT8_PER_TOKEN_HEAD",
+        state_content_bytes=72,
+    )
     assert spec.page_size_bytes == 2304
     assert spec.model_dump(mode="json")["kv_quant_mode"] == "INT8_PER_TOKEN_HEAD"
 
 
 def test_custom_quant_mode_is_vllms_alias_of_octave_k3v4() -> None:
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="uint8",
-                             kv_quant_mode="CUSTOM")  # type: ignore[arg-type]
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=8, dtype="uint8", kv_quant_mode="CUSTOM"
+    )  # type: ignore[arg-type]
     assert spec.model_dump(mode="json")["kv_quant_mode"] == "OCTAVE_K3V4"
 
 
 def test_mla_alignment_pads_the_page() -> None:
-    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=656, dtype="uint8",
-                            state_content_bytes=656, alignment=576)
+    spec = MLAAttentionSpec(
+        block_size=64,
+        num_kv_heads=1,
+        head_size=656,
+        dtype="uint8",
+        state_content_bytes=656,
+        alignment=576,
+    )
     assert spec.unpadded_page_size_bytes == 64 * 656
     assert spec.page_size_bytes == -(-64 * 656 // 576) * 576
 
@@ -71,8 +86,12 @@ def test_mamba_page_is_state_bytes_or_padding() -> None:
     padded = spec.model_copy(update={"page_size_padded": 139264})
     assert padded.page_size_bytes == 139264
     assert padded.num_heads == 1 and padded.num_states == 1
-    assert MambaSpec.model_validate({"block_size": 16, "shapes": [[4]], "dtypes": ["int8"],
-                                     "num_heads": 1}).num_heads == 1
+    assert (
+        MambaSpec.model_validate(
+            {"block_size": 16, "shapes": [[4]], "dtypes": ["int8"], "num_heads": 1}
+        ).num_heads
+        == 1
+    )
 
 
 def test_uniform_type_specs_sum_pages_and_take_dcp_from_first() -> None:
@@ -84,8 +103,13 @@ def test_uniform_type_specs_sum_pages_and_take_dcp_from_first() -> None:
 
 
 def test_multiple_of_alignment_is_a_kernel_block_page() -> None:
-    spec = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=256, dtype="bfloat16",
-                             block_stride_alignment={"multiple_of": 16})  # type: ignore[arg-type]
+    spec = FullAttentionSpec(
+        block_size=32,
+        num_kv_heads=1,
+        head_size=256,
+        dtype="bfloat16",
+        block_stride_alignment={"multiple_of": 16},
+    )  # type: ignore[arg-type]
     assert spec.block_stride_alignment_bytes() == 16 * 512 * 2
     assert spec.model_dump(mode="json")["block_stride_alignment"] == {"multiple_of": 16}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -28,13 +28,13 @@ from kvplan.schemas.loading import dump, dumps, load_any
 from kvplan.schemas.plan import BindingPlan
 
 
-class DiffFormat(str, Enum):
+class DiffFormat(StrEnum):
     text = "text"
     json = "json"
     markdown = "markdown"
 
 
-class SchemaName(str, Enum):
+class SchemaName(StrEnum):
     input = "input"
     plan = "plan"
 
@@ -68,21 +68,29 @@ def render_plan(plan: BindingPlan) -> None:
     """Rich tables: pools, views by group, aliases, memory summary (stdout)."""
     console = stdout_console()
     src = plan.source
-    console.print(f"plan {plan.fingerprint[:19]}…  vLLM {src.vllm_version or '?'}  "
-                  f"layout {src.layout or '-'}  blocks {src.num_blocks}")
+    console.print(
+        f"plan {plan.fingerprint[:19]}…  vLLM {src.vllm_version or '?'}  "
+        f"layout {src.layout or '-'}  blocks {src.num_blocks}"
+    )
     pools = Table(title="pools")
     for col in ("name", "size", "bytes", "alignment", "blocks"):
         pools.add_column(col, justify="left" if col == "name" else "right")
     for p in plan.pools:
-        pools.add_row(p.name, human_bytes(p.size_bytes), str(p.size_bytes),
-                      str(p.alignment_bytes), str(p.num_blocks))
+        pools.add_row(
+            p.name,
+            human_bytes(p.size_bytes),
+            str(p.size_bytes),
+            str(p.alignment_bytes),
+            str(p.num_blocks),
+        )
     console.print(pools)
     views = Table(title="views")
     for col in ("group", "layer", "kind", "dtype", "shape", "stride", "offset"):
         views.add_column(col, justify="right" if col in ("group", "offset") else "left")
     for v in sorted(plan.views, key=lambda v: v.group):
-        views.add_row(str(v.group), v.layer, v.kind, v.dtype, str(v.shape), str(v.stride),
-                      str(v.offset_bytes))
+        views.add_row(
+            str(v.group), v.layer, v.kind, v.dtype, str(v.shape), str(v.stride), str(v.offset_bytes)
+        )
     console.print(views)
     if plan.aliases:
         aliases = Table(title="aliases (KV sharing)")
@@ -102,8 +110,12 @@ def render_plan(plan: BindingPlan) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        input_path: Annotated[Path, typer.Argument(metavar="IN", help="input document (JSON/YAML, - for stdin)")],
-        output: Annotated[Path | None, typer.Option("-o", "--output", help="write the plan here (YAML if .yaml)")] = None,
+        input_path: Annotated[
+            Path, typer.Argument(metavar="IN", help="input document (JSON/YAML, - for stdin)")
+        ],
+        output: Annotated[
+            Path | None, typer.Option("-o", "--output", help="write the plan here (YAML if .yaml)")
+        ] = None,
         yaml: Annotated[bool, typer.Option("--yaml", help="print YAML instead of JSON")] = False,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
@@ -131,8 +143,9 @@ def register(app: typer.Typer) -> None:
             problems = exc.diagnostics
         bad = [d for d in problems if d.is_error or strict]
         if as_json:
-            print_json({"valid": not bad,
-                        "diagnostics": [d.model_dump(mode="json") for d in problems]})
+            print_json(
+                {"valid": not bad, "diagnostics": [d.model_dump(mode="json") for d in problems]}
+            )
         else:
             report(problems)
             if not bad:
@@ -159,15 +172,20 @@ def register(app: typer.Typer) -> None:
     def diff_cmd(
         a: Annotated[Path, typer.Argument(metavar="A", help="plan or input document")],
         b: Annotated[Path, typer.Argument(metavar="B", help="plan or input document")],
-        fmt: Annotated[DiffFormat, typer.Option("--format", "-f", help="output format")] = DiffFormat.text,
+        fmt: Annotated[
+            DiffFormat, typer.Option("--format", "-f", help="output format")
+        ] = DiffFormat.text,
     ) -> None:
         """Semantic diff keyed by pool and layer; exit 0 same, 1 different, 2 error."""
         try:
             result = diff_plans(_load_plan(a), _load_plan(b))
         except KVPlanError as exc:
             fail(exc)
-        text = {DiffFormat.text: result.to_text, DiffFormat.json: result.to_json,
-                DiffFormat.markdown: result.to_markdown}[fmt]()
+        text = {
+            DiffFormat.text: result.to_text,
+            DiffFormat.json: result.to_json,
+            DiffFormat.markdown: result.to_markdown,
+        }[fmt]()
         print_data(text)
         if not result.same:
             raise typer.Exit(EXIT_DIFFERENT)

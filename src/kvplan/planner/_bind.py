@@ -38,8 +38,12 @@ def bind(doc: InputDocument) -> Binding:
         return out
     size = cfg.kv_cache_tensors[0].size
     out.pools.append(
-        Pool(name=POOL_NAME, size_bytes=size, alignment_bytes=POOL_ALIGNMENT,
-             num_blocks=cfg.num_blocks)
+        Pool(
+            name=POOL_NAME,
+            size_bytes=size,
+            alignment_bytes=POOL_ALIGNMENT,
+            num_blocks=cfg.num_blocks,
+        )
     )
     group_index: dict[str, int] = {}
     for g, group in enumerate(cfg.kv_cache_groups):
@@ -57,16 +61,33 @@ def bind(doc: InputDocument) -> Binding:
             out.page_bytes[layer] = spec.page_size_bytes
         if not spec.has_layer_views:
             out.views.extend(
-                View(layer=name, group=g, pool=POOL_NAME, kind=spec.kind, dtype="int8",
-                     shape=[size], stride=[1], offset_bytes=0)
+                View(
+                    layer=name,
+                    group=g,
+                    pool=POOL_NAME,
+                    kind=spec.kind,
+                    dtype="int8",
+                    shape=[size],
+                    stride=[1],
+                    offset_bytes=0,
+                )
                 for name in tensor.layers
             )
             continue
         assert layout is not None  # reported by check_input
         kernel = kbs[g] if kbs is not None and g < len(kbs) else None
-        views = _tensor_views(t_index, tensor.layers, g, spec, cfg.num_blocks_of(tensor),
-                              layout, tensor.layer_stride, tensor.block_stride, tensor.offset,
-                              kernel)
+        views = _tensor_views(
+            t_index,
+            tensor.layers,
+            g,
+            spec,
+            cfg.num_blocks_of(tensor),
+            layout,
+            tensor.layer_stride,
+            tensor.block_stride,
+            tensor.offset,
+            kernel,
+        )
         if isinstance(views, Diagnostic):
             out.problems.append(views)
         else:
@@ -76,33 +97,56 @@ def bind(doc: InputDocument) -> Binding:
 
 
 def _tensor_views(
-    t_index: int, layers: list[str], group: int, spec: Spec, num_blocks: int, layout: object,
-    layer_stride: int, block_stride: int, offset: int, kernel: int | None,
+    t_index: int,
+    layers: list[str],
+    group: int,
+    spec: Spec,
+    num_blocks: int,
+    layout: object,
+    layer_stride: int,
+    block_stride: int,
+    offset: int,
+    kernel: int | None,
 ) -> list[View] | Diagnostic:
     from kvplan.schemas.layout import KVCacheLayout
 
     assert isinstance(layout, KVCacheLayout)
     loc = f"kv_cache_config.kv_cache_tensors[{t_index}]"
-    geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride,
-                          kernel)
+    geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel)
     if isinstance(geo, GeometryError):
-        return error(Code[geo.code], loc, geo.message,
-                     "use a layer-compact layout (e.g. LBNHC) or a kernel block size equal "
-                     "to the block size" if geo.code.startswith("KERNEL") else "")
+        return error(
+            Code[geo.code],
+            loc,
+            geo.message,
+            "use a layer-compact layout (e.g. LBNHC) or a kernel block size equal to the block size"
+            if geo.code.startswith("KERNEL")
+            else "",
+        )
     dtype = spec.view_dtype
     isz = itemsize(dtype)
     _, b, h, n, c_bytes = geo.shape
     s_l, s_b, s_h, s_n, s_c = geo.strides
     if c_bytes % isz or any(s % isz for s in (s_b, s_h, s_n)) or offset % isz or s_l % isz:
-        return error(Code.MISALIGNED, loc,
-                     f"content {c_bytes} B, strides {list(geo.strides)} B or offset {offset} B "
-                     f"are not multiples of {dtype}'s {isz}-byte element",
-                     "align sizes, strides and offsets to the dtype")
+        return error(
+            Code.MISALIGNED,
+            loc,
+            f"content {c_bytes} B, strides {list(geo.strides)} B or offset {offset} B "
+            f"are not multiples of {dtype}'s {isz}-byte element",
+            "align sizes, strides and offsets to the dtype",
+        )
     shape = [b, h, n, c_bytes // isz]
     stride = [s_b // isz, s_h // isz, s_n // isz, s_c]
     return [
-        View(layer=name, group=group, pool=POOL_NAME, kind=spec.kind, dtype=dtype,
-             shape=shape, stride=stride, offset_bytes=offset + i * s_l)
+        View(
+            layer=name,
+            group=group,
+            pool=POOL_NAME,
+            kind=spec.kind,
+            dtype=dtype,
+            shape=shape,
+            stride=stride,
+            offset_bytes=offset + i * s_l,
+        )
         for i, name in enumerate(layers)
     ]
 

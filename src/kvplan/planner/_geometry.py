@@ -30,7 +30,9 @@ class TensorGeometry:
     ratio: int
 
 
-def layer_shape_bytes(spec: Spec, num_blocks: int, kernel_block_size: int | None) -> tuple[int, ...]:
+def layer_shape_bytes(
+    spec: Spec, num_blocks: int, kernel_block_size: int | None
+) -> tuple[int, ...]:
     """``(B * blocks_per_page, H, N, C_bytes)`` as ``compute_layer_kv_cache_shape_bytes``."""
     block = kernel_block_size if kernel_block_size is not None else spec.block_size
     return (
@@ -113,7 +115,11 @@ def tensor_geometry(
                 f"block stride {block_stride} does not divide into {ratio} kernel blocks",
             )
         block_stride //= ratio
-    if padded is not None and kernel_block_size is not None and kernel_block_size != spec.block_size:
+    if (
+        padded is not None
+        and kernel_block_size is not None
+        and kernel_block_size != spec.block_size
+    ):
         return GeometryError(
             "KERNEL_SPLIT_NOT_DENSE", "padded KV pages do not support kernel block splitting"
         )

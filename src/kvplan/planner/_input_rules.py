@@ -6,7 +6,12 @@ from collections import Counter
 
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
-from kvplan.schemas.specs import EncoderOnlyAttentionSpec, UniformTypeKVCacheSpecs, base_kind, layer_spec
+from kvplan.schemas.specs import (
+    EncoderOnlyAttentionSpec,
+    UniformTypeKVCacheSpecs,
+    base_kind,
+    layer_spec,
+)
 
 
 def _loc_tensor(i: int, field: str = "") -> str:
@@ -23,92 +28,155 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
     for g, group in enumerate(cfg.kv_cache_groups):
         for layer in group.layer_names:
             if layer in group_of and group_of[layer] != g:
-                out.append(error(Code.DUPLICATE_GROUP_LAYER, layer,
-                    f"layer is listed in groups {group_of[layer]} and {g}; a layer belongs to "
-                    "exactly one KV cache group", "remove it from one of the groups"))
+                out.append(
+                    error(
+                        Code.DUPLICATE_GROUP_LAYER,
+                        layer,
+                        f"layer is listed in groups {group_of[layer]} and {g}; a layer belongs to "
+                        "exactly one KV cache group",
+                        "remove it from one of the groups",
+                    )
+                )
             group_of.setdefault(layer, g)
         spec = group.kv_cache_spec
         if isinstance(spec, UniformTypeKVCacheSpecs):
             for layer in group.layer_names:
                 if layer not in spec.kv_cache_specs and layer not in shared:
-                    out.append(error(Code.MISSING_LAYER_SPEC, layer,
-                        f"group {g} is UniformTypeKVCacheSpecs but has no spec for this layer",
-                        "add the layer to kv_cache_spec.kv_cache_specs"))
-        for sub in (spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs)
-                    else [spec]):
+                    out.append(
+                        error(
+                            Code.MISSING_LAYER_SPEC,
+                            layer,
+                            f"group {g} is UniformTypeKVCacheSpecs but has no spec for this layer",
+                            "add the layer to kv_cache_spec.kv_cache_specs",
+                        )
+                    )
+        for sub in (
+            spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
+        ):
             padded = getattr(sub, "page_size_padded", None)
             if padded is not None and padded < sub.unpadded_page_size_bytes:
-                out.append(error(Code.PADDED_PAGE_TOO_SMALL,
-                    f"kv_cache_config.kv_cache_groups[{g}].kv_cache_spec",
-                    f"page_size_padded {padded} is smaller than the unpadded page "
-                    f"{sub.unpadded_page_size_bytes} bytes",
-                    "raise page_size_padded or drop it"))
+                out.append(
+                    error(
+                        Code.PADDED_PAGE_TOO_SMALL,
+                        f"kv_cache_config.kv_cache_groups[{g}].kv_cache_spec",
+                        f"page_size_padded {padded} is smaller than the unpadded page "
+                        f"{sub.unpadded_page_size_bytes} bytes",
+                        "raise page_size_padded or drop it",
+                    )
+                )
 
     if cfg.kv_cache_tensors and cfg.kv_cache_layout is None:
-        out.append(error(Code.LAYOUT_MISSING, "kv_cache_config.kv_cache_layout",
-            "the document has KV cache tensors but no resolved layout",
-            "set kv_cache_layout to the engine core's resolved layout, e.g. LBNHC"))
+        out.append(
+            error(
+                Code.LAYOUT_MISSING,
+                "kv_cache_config.kv_cache_layout",
+                "the document has KV cache tensors but no resolved layout",
+                "set kv_cache_layout to the engine core's resolved layout, e.g. LBNHC",
+            )
+        )
 
     sizes = Counter(t.size for t in cfg.kv_cache_tensors)
     if len(sizes) > 1:
         common = sizes.most_common(1)[0][0]
         for i, t in enumerate(cfg.kv_cache_tensors):
             if t.size != common:
-                out.append(error(Code.TENSOR_SIZE_MISMATCH, _loc_tensor(i, "size"),
-                    f"size {t.size} differs from the other tensors' {common}; every tensor "
-                    "places its layers in the same backing allocation",
-                    f"set size to {common}"))
+                out.append(
+                    error(
+                        Code.TENSOR_SIZE_MISMATCH,
+                        _loc_tensor(i, "size"),
+                        f"size {t.size} differs from the other tensors' {common}; every tensor "
+                        "places its layers in the same backing allocation",
+                        f"set size to {common}",
+                    )
+                )
 
     tensor_of: dict[str, int] = {}
     for i, t in enumerate(cfg.kv_cache_tensors):
         if not t.layers:
-            out.append(error(Code.EMPTY_TENSOR, _loc_tensor(i, "layers"), "tensor has no layers",
-                "remove the tensor or list its layers"))
+            out.append(
+                error(
+                    Code.EMPTY_TENSOR,
+                    _loc_tensor(i, "layers"),
+                    "tensor has no layers",
+                    "remove the tensor or list its layers",
+                )
+            )
             continue
         for layer in t.layers:
             if layer in tensor_of:
-                out.append(error(Code.LAYER_BOUND_TWICE, layer,
-                    f"layer is placed by tensors {tensor_of[layer]} and {i}",
-                    "place each layer in exactly one tensor"))
+                out.append(
+                    error(
+                        Code.LAYER_BOUND_TWICE,
+                        layer,
+                        f"layer is placed by tensors {tensor_of[layer]} and {i}",
+                        "place each layer in exactly one tensor",
+                    )
+                )
             else:
                 tensor_of[layer] = i
             if layer not in group_of:
-                out.append(error(Code.LAYER_NOT_IN_GROUP, layer,
-                    f"tensor {i} places a layer that no KV cache group lists",
-                    "add the layer to its group's layer_names"))
+                out.append(
+                    error(
+                        Code.LAYER_NOT_IN_GROUP,
+                        layer,
+                        f"tensor {i} places a layer that no KV cache group lists",
+                        "add the layer to its group's layer_names",
+                    )
+                )
 
     for i, t in enumerate(cfg.kv_cache_tensors):
         if not t.layers or t.layers[0] not in group_of:
             continue
         group_spec = cfg.kv_cache_groups[group_of[t.layers[0]]].kv_cache_spec
-        spec = layer_spec(group_spec, t.layers[0])
-        if spec is None or not spec.has_layer_views:
+        tensor_spec = layer_spec(group_spec, t.layers[0])
+        if tensor_spec is None or not tensor_spec.has_layer_views:
             continue
-        page = spec.page_size_bytes
+        page = tensor_spec.page_size_bytes
         if page <= 0:
-            out.append(error(Code.SCHEMA, _loc_tensor(i),
-                f"the spec of {t.layers[0]} has an empty page ({page} bytes)",
-                "check num_kv_heads, head_size, block_size and tokens_per_state"))
+            out.append(
+                error(
+                    Code.SCHEMA,
+                    _loc_tensor(i),
+                    f"the spec of {t.layers[0]} has an empty page ({page} bytes)",
+                    "check num_kv_heads, head_size, block_size and tokens_per_state",
+                )
+            )
             continue
         if t.size % page:
-            out.append(error(Code.SIZE_NOT_PAGE_MULTIPLE, _loc_tensor(i, "size"),
-                f"size {t.size} is not a multiple of the {page}-byte page of {t.layers[0]}",
-                f"use a multiple of {page}, e.g. {t.size // page * page}"))
-        align = spec.block_stride_alignment_bytes()
+            out.append(
+                error(
+                    Code.SIZE_NOT_PAGE_MULTIPLE,
+                    _loc_tensor(i, "size"),
+                    f"size {t.size} is not a multiple of the {page}-byte page of {t.layers[0]}",
+                    f"use a multiple of {page}, e.g. {t.size // page * page}",
+                )
+            )
+        align = tensor_spec.block_stride_alignment_bytes()
         if t.block_stride % align:
-            out.append(error(Code.MISALIGNED, _loc_tensor(i, "block_stride"),
-                f"block_stride {t.block_stride} is not a multiple of the spec's "
-                f"block_stride_alignment ({align} bytes)",
-                f"use a multiple of {align}"))
+            out.append(
+                error(
+                    Code.MISALIGNED,
+                    _loc_tensor(i, "block_stride"),
+                    f"block_stride {t.block_stride} is not a multiple of the spec's "
+                    f"block_stride_alignment ({align} bytes)",
+                    f"use a multiple of {align}",
+                )
+            )
 
     kbs = doc.kernel_block_sizes
     if kbs is not None:
-        expected = sum(not isinstance(g.kv_cache_spec, EncoderOnlyAttentionSpec)
-                       for g in cfg.kv_cache_groups)
+        expected = sum(
+            not isinstance(g.kv_cache_spec, EncoderOnlyAttentionSpec) for g in cfg.kv_cache_groups
+        )
         if len(kbs) != expected:
-            out.append(error(Code.KERNEL_BLOCK_SIZES_LENGTH, "kernel_block_sizes",
-                f"{len(kbs)} kernel block sizes for {expected} groups with tensors",
-                "give one kernel block size per non-encoder-only group"))
+            out.append(
+                error(
+                    Code.KERNEL_BLOCK_SIZES_LENGTH,
+                    "kernel_block_sizes",
+                    f"{len(kbs)} kernel block sizes for {expected} groups with tensors",
+                    "give one kernel block size per non-encoder-only group",
+                )
+            )
 
     out.extend(_check_aliases(doc, group_of, tensor_of))
 
@@ -118,10 +186,15 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
             continue
         for layer in group.layer_names:
             if layer not in tensor_of and layer not in shared:
-                out.append(error(Code.LAYER_UNBOUND, layer,
-                    f"group {g} lists this layer but no tensor places it and it shares no "
-                    "other layer's cache",
-                    "add it to a KV cache tensor, or to shared_kv_cache_layers"))
+                out.append(
+                    error(
+                        Code.LAYER_UNBOUND,
+                        layer,
+                        f"group {g} lists this layer but no tensor places it and it shares no "
+                        "other layer's cache",
+                        "add it to a KV cache tensor, or to shared_kv_cache_layers",
+                    )
+                )
     return out
 
 
@@ -134,13 +207,19 @@ def _check_aliases(
     for sharer, target in shared.items():
         loc = f"shared_kv_cache_layers.{sharer}"
         if sharer == target:
-            out.append(error(Code.ALIAS_SELF, loc, "layer shares its own KV cache",
-                "remove the entry"))
+            out.append(
+                error(Code.ALIAS_SELF, loc, "layer shares its own KV cache", "remove the entry")
+            )
             continue
         if sharer in tensor_of:
-            out.append(error(Code.ALIAS_ALSO_BOUND, loc,
-                f"layer shares {target}'s cache but tensor {tensor_of[sharer]} also places it",
-                "a KV-sharing layer owns no tensor: remove it from kv_cache_tensors"))
+            out.append(
+                error(
+                    Code.ALIAS_ALSO_BOUND,
+                    loc,
+                    f"layer shares {target}'s cache but tensor {tensor_of[sharer]} also places it",
+                    "a KV-sharing layer owns no tensor: remove it from kv_cache_tensors",
+                )
+            )
         if target in shared:
             seen = [sharer, target]
             node = target
@@ -148,23 +227,43 @@ def _check_aliases(
                 node = shared[node]
                 seen.append(node)
             if node in shared:
-                out.append(error(Code.ALIAS_CYCLE, loc,
-                    "sharing map has a cycle: " + " -> ".join([*seen, shared[node]]),
-                    "point every sharer at a layer that owns its KV cache"))
+                out.append(
+                    error(
+                        Code.ALIAS_CYCLE,
+                        loc,
+                        "sharing map has a cycle: " + " -> ".join([*seen, shared[node]]),
+                        "point every sharer at a layer that owns its KV cache",
+                    )
+                )
             else:
-                out.append(error(Code.ALIAS_CHAIN, loc,
-                    f"target {target} itself shares {shared[target]}'s cache",
-                    f"point the layer at {node} directly"))
+                out.append(
+                    error(
+                        Code.ALIAS_CHAIN,
+                        loc,
+                        f"target {target} itself shares {shared[target]}'s cache",
+                        f"point the layer at {node} directly",
+                    )
+                )
             continue
         if target not in group_of and target not in tensor_of:
-            out.append(error(Code.ALIAS_TARGET_MISSING, loc,
-                f"target {target} is in no KV cache group or tensor",
-                "fix the target name (vLLM names look like model.layers.13.self_attn.attn)"))
+            out.append(
+                error(
+                    Code.ALIAS_TARGET_MISSING,
+                    loc,
+                    f"target {target} is in no KV cache group or tensor",
+                    "fix the target name (vLLM names look like model.layers.13.self_attn.attn)",
+                )
+            )
             continue
         if target not in tensor_of:
-            out.append(error(Code.ALIAS_TARGET_NOT_BACKED, loc,
-                f"target {target} owns no KV cache tensor",
-                "point the layer at a layer placed by a kv_cache_tensor"))
+            out.append(
+                error(
+                    Code.ALIAS_TARGET_NOT_BACKED,
+                    loc,
+                    f"target {target} owns no KV cache tensor",
+                    "point the layer at a layer placed by a kv_cache_tensor",
+                )
+            )
             continue
         if sharer in group_of and target in group_of:
             g_s, g_t = group_of[sharer], group_of[target]
@@ -173,8 +272,13 @@ def _check_aliases(
             s_spec = layer_spec(spec_s, sharer) or spec_s
             t_spec = layer_spec(spec_t, target) or spec_t
             if base_kind(s_spec) != base_kind(t_spec):
-                out.append(error(Code.ALIAS_KIND_MISMATCH, loc,
-                    f"layer is in a {base_kind(s_spec)} group but its target {target} is "
-                    f"{base_kind(t_spec)}; vLLM requires the same attention type",
-                    "share with a layer of the same attention type"))
+                out.append(
+                    error(
+                        Code.ALIAS_KIND_MISMATCH,
+                        loc,
+                        f"layer is in a {base_kind(s_spec)} group but its target {target} is "
+                        f"{base_kind(t_spec)}; vLLM requires the same attention type",
+                        "share with a layer of the same attention type",
+                    )
+                )
     return out

@@ -49,15 +49,17 @@ class PlanDiff:
         return "".join(c.render() + "\n" for c in self.changes)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"same": self.same, "changes": [asdict(c) for c in self.changes]}, indent=2
-        ) + "\n"
+        return (
+            json.dumps({"same": self.same, "changes": [asdict(c) for c in self.changes]}, indent=2)
+            + "\n"
+        )
 
     def to_markdown(self) -> str:
         if self.same:
             return "**No drift**: the plans are identical.\n"
         lines = [
-            f"**{len(self.changes)} change(s)**", "",
+            f"**{len(self.changes)} change(s)**",
+            "",
             "| section | key | change | field | old | new |",
             "|---|---|---|---|---|---|",
         ]
@@ -95,6 +97,7 @@ def diff_plans(a: BindingPlan, b: BindingPlan) -> PlanDiff:
         changes += [Change(section, n, "added", new=kb[n]) for n in kb if n not in ka]
     changes += _compare("summary", "", da["summary"], db["summary"])
     if not changes and da["fingerprint"] != db["fingerprint"]:
-        changes.append(Change("input", "", "changed", "fingerprint",
-                              da["fingerprint"], db["fingerprint"]))
+        changes.append(
+            Change("input", "", "changed", "fingerprint", da["fingerprint"], db["fingerprint"])
+        )
     return PlanDiff(changes)

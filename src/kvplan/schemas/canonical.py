@@ -15,9 +15,35 @@ def to_data(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True)
 
 
+INLINE_WIDTH = 100
+"""Lists of scalars (shapes, strides) that fit in this many characters stay on one line."""
+
+
+def _format(value: Any, indent: int) -> str:
+    pad = "  " * (indent + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [
+            f"{pad}{json.dumps(k, ensure_ascii=False)}: {_format(v, indent + 1)}"
+            for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+    if isinstance(value, list):
+        if not value:
+            return "[]"
+        if all(not isinstance(v, (dict, list)) for v in value):
+            inline = json.dumps(value, ensure_ascii=False)
+            if len(inline) <= INLINE_WIDTH:
+                return inline
+        items = [pad + _format(v, indent + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + "  " * indent + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def to_json(model: BaseModel) -> str:
-    """Canonical JSON text: fixed key order, two-space indent, trailing newline."""
-    return json.dumps(to_data(model), indent=2, ensure_ascii=False) + "\n"
+    """Canonical JSON text: fixed key order, two-space indent, short scalar lists inline."""
+    return _format(to_data(model), 0) + "\n"
 
 
 def to_yaml(model: BaseModel) -> str:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"
 
 
-class Code(str, Enum):
+class Code(StrEnum):
     """Stable diagnostic codes. Never renumber: users grep logs and CI output for them."""
 
     # documents: reading and schema (0xx)

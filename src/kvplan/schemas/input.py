@@ -5,7 +5,7 @@ Field names are vLLM's dataclass field names, so a config dumped from vLLM loads
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
@@ -16,7 +16,7 @@ from kvplan.schemas.specs import AnySpec, _by_name
 INPUT_FORMAT = "kvplan.input/1"
 
 
-class KVCacheGroupRole(str, Enum):
+class KVCacheGroupRole(StrEnum):
     DEFAULT = "default"
     HISPARSE_SOURCE = "hisparse_source"
     HISPARSE_INDEXER = "hisparse_indexer"
@@ -26,9 +26,7 @@ LayoutField = Annotated[
     KVCacheLayout,
     PlainValidator(parse_layout),
     PlainSerializer(lambda layout: layout.name),
-    WithJsonSchema(
-        {"type": "string", "enum": [*KVCacheLayout.__members__, "NHD", "HND"]}
-    ),
+    WithJsonSchema({"type": "string", "enum": [*KVCacheLayout.__members__, "NHD", "HND"]}),
 ]
 
 
@@ -91,7 +89,7 @@ class InputDocument(_Frozen):
     as vLLM's ``prepare_kernel_block_sizes`` returns it (encoder-only groups have none).
     """
 
-    format: Literal["kvplan.input/1"] = INPUT_FORMAT
+    format: Literal["kvplan.input/1"] = "kvplan.input/1"
     vllm_version: str | None = None
     kv_cache_config: KVCacheConfig
     shared_kv_cache_layers: dict[str, str] = Field(default_factory=dict)

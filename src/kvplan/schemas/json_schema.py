@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
 
@@ -12,7 +14,7 @@ SCHEMA_FILES = {"input": "kvplan.input.schema.json", "plan": "kvplan.plan.schema
 
 def schema_of(which: str) -> dict[str, Any]:
     """``input`` or ``plan``: the JSON schema (draft 2020-12) of that document."""
-    model = {"input": InputDocument, "plan": BindingPlan}[which]
+    model: type[BaseModel] = InputDocument if which == "input" else BindingPlan
     schema = model.model_json_schema(by_alias=True, mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"kvplan.{which}/1"

@@ -19,7 +19,7 @@ class KVCacheLayout(Enum):
 
     @property
     def stride_order(self) -> tuple[int, ...]:
-        return self.value  # type: ignore[no-any-return]
+        return self.value
 
     @property
     def is_layer_compact(self) -> bool:

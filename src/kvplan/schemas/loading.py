@@ -28,8 +28,9 @@ def read_data(path: str | Path) -> Any:
         text = sys.stdin.read() if name == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise KVPlanError(error(Code.UNREADABLE, name, f"cannot read the file: {reason}",
-                                "check the path")) from None
+        raise KVPlanError(
+            error(Code.UNREADABLE, name, f"cannot read the file: {reason}", "check the path")
+        ) from None
     return parse_text(text, name)
 
 
@@ -40,17 +41,23 @@ def parse_text(text: str, name: str = "<text>") -> Any:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             if name.endswith(".json") or text.lstrip()[:1] in ("{", "["):
-                raise KVPlanError(error(Code.MALFORMED, name,
-                    f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-                    "fix the syntax")) from None
+                raise KVPlanError(
+                    error(
+                        Code.MALFORMED,
+                        name,
+                        f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                        "fix the syntax",
+                    )
+                ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
-        raise KVPlanError(error(Code.MALFORMED, name, f"not valid YAML: {problem}{where}",
-                                "fix the syntax")) from None
+        raise KVPlanError(
+            error(Code.MALFORMED, name, f"not valid YAML: {problem}{where}", "fix the syntax")
+        ) from None
 
 
 def _loc(parts: tuple[int | str, ...]) -> str:
@@ -73,34 +80,68 @@ def diagnostics_from_validation(exc: ValidationError, source: str) -> list[Diagn
         if kind in ("union_tag_invalid", "union_tag_not_found"):
             tag = (item.get("ctx") or {}).get("tag", "")
             if kind == "union_tag_not_found":
-                out.append(error(Code.SCHEMA, where, "spec has no 'kind'",
-                    "add kind: the vLLM spec class name, e.g. FullAttentionSpec"))
+                out.append(
+                    error(
+                        Code.SCHEMA,
+                        where,
+                        "spec has no 'kind'",
+                        "add kind: the vLLM spec class name, e.g. FullAttentionSpec",
+                    )
+                )
             else:
-                out.append(error(Code.UNKNOWN_SPEC_KIND, where,
-                    f"unknown spec kind {tag!r}; kvplan knows: " + ", ".join(SPEC_KINDS),
-                    "use a vLLM 0.33 KVCacheSpec class name"))
+                out.append(
+                    error(
+                        Code.UNKNOWN_SPEC_KIND,
+                        where,
+                        f"unknown spec kind {tag!r}; kvplan knows: " + ", ".join(SPEC_KINDS),
+                        "use a vLLM 0.33 KVCacheSpec class name",
+                    )
+                )
             continue
         last = clean[-1] if clean else ""
         parent = clean[-2] if len(clean) > 1 else ""
         if kind == "literal_error" and (last == "dtype" or parent == "dtypes"):
-            out.append(error(Code.UNKNOWN_DTYPE, where,
-                f"unknown dtype {item.get('input')!r}",
-                "write a torch dtype without 'torch.', e.g. bfloat16, float8_e4m3fn, uint8"))
+            out.append(
+                error(
+                    Code.UNKNOWN_DTYPE,
+                    where,
+                    f"unknown dtype {item.get('input')!r}",
+                    "write a torch dtype without 'torch.', e.g. bfloat16, float8_e4m3fn, uint8",
+                )
+            )
         elif last == "kv_cache_layout":
-            out.append(error(Code.UNKNOWN_LAYOUT, where, msg.removeprefix("Value error, "),
-                "use LBNHC, LBHNC, LHBNC, BLHNC, BLNHC, BHLNC (or NHD/HND)"))
+            out.append(
+                error(
+                    Code.UNKNOWN_LAYOUT,
+                    where,
+                    msg.removeprefix("Value error, "),
+                    "use LBNHC, LBHNC, LHBNC, BLHNC, BLNHC, BHLNC (or NHD/HND)",
+                )
+            )
         elif last == "format" and kind == "literal_error":
-            out.append(error(Code.WRONG_FORMAT, where,
-                f"format is {item.get('input')!r}, expected {item['ctx']['expected']}",
-                "pass the right kind of document"))
+            out.append(
+                error(
+                    Code.WRONG_FORMAT,
+                    where,
+                    f"format is {item.get('input')!r}, expected {item['ctx']['expected']}",
+                    "pass the right kind of document",
+                )
+            )
         elif kind == "value_error" and "unknown" in msg and "expected one of" in msg:
-            out.append(error(Code.UNKNOWN_ENUM, where, msg.removeprefix("Value error, "),
-                "write enum members by name"))
+            out.append(
+                error(
+                    Code.UNKNOWN_ENUM,
+                    where,
+                    msg.removeprefix("Value error, "),
+                    "write enum members by name",
+                )
+            )
         else:
             text = msg.removeprefix("Value error, ")
             if kind in ("missing", "extra_forbidden"):
-                text = {"missing": "required field is missing",
-                        "extra_forbidden": "unknown field"}[kind]
+                text = {"missing": "required field is missing", "extra_forbidden": "unknown field"}[
+                    kind
+                ]
             else:
                 text = f"{text} (got {item.get('input')!r})" if "input" in item else text
             out.append(error(Code.SCHEMA, where, text, "see docs/formats.md"))
@@ -109,13 +150,23 @@ def diagnostics_from_validation(exc: ValidationError, source: str) -> list[Diagn
 
 def _parse(model: type[_M], data: Any, source: str, fmt: str) -> _M:
     if isinstance(data, dict) and data.get("format") not in (None, fmt):
-        raise KVPlanError(error(Code.WRONG_FORMAT, f"{source}: format",
-            f"format is {data.get('format')!r}, expected {fmt!r}",
-            "pass an input document to plan, a plan to show/apply"))
+        raise KVPlanError(
+            error(
+                Code.WRONG_FORMAT,
+                f"{source}: format",
+                f"format is {data.get('format')!r}, expected {fmt!r}",
+                "pass an input document to plan, a plan to show/apply",
+            )
+        )
     if not isinstance(data, dict):
-        raise KVPlanError(error(Code.SCHEMA, source,
-            f"expected a {fmt} document (a mapping), got {type(data).__name__}",
-            "see docs/formats.md"))
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                source,
+                f"expected a {fmt} document (a mapping), got {type(data).__name__}",
+                "see docs/formats.md",
+            )
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -154,5 +205,6 @@ def dumps(obj: BaseModel, *, yaml_format: bool = False) -> str:
 
 def dump(obj: BaseModel, path: str | Path) -> None:
     """Write ``obj`` canonically: YAML for .yaml/.yml, JSON otherwise."""
-    Path(path).write_text(dumps(obj, yaml_format=str(path).endswith(YAML_SUFFIXES)),
-                          encoding="utf-8")
+    Path(path).write_text(
+        dumps(obj, yaml_format=str(path).endswith(YAML_SUFFIXES)), encoding="utf-8"
+    )

@@ -100,7 +100,7 @@ class Summary(_Frozen):
 class BindingPlan(_Frozen):
     """A validated KV-cache binding: canonical, diffable, executable."""
 
-    format: Literal["kvplan.plan/1"] = PLAN_FORMAT
+    format: Literal["kvplan.plan/1"] = "kvplan.plan/1"
     fingerprint: str = Field(description="sha256 of the canonical input document")
     source: Source
     pools: list[Pool]

@@ -12,9 +12,9 @@ model is frozen; derived geometry is exposed as properties, as vLLM does:
 from __future__ import annotations
 
 import math
-from enum import Enum, IntEnum
+from enum import Enum, IntEnum, StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -52,12 +52,9 @@ FractionValue = Annotated[
     Fraction,
     PlainValidator(_parse_fraction),
     PlainSerializer(_dump_fraction),
-    WithJsonSchema(
-        {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": r"^-?\d+/\d+$"}]}
-    ),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": r"^-?\d+/\d+$"}]}),
 ]
 """vLLM's ``Fraction``: written as an int, or as ``"n/d"``."""
-
 
 
 def _by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
@@ -109,7 +106,7 @@ class KVQuantMode(IntEnum):
     OCTAVE_K3V3_COMPACT = 14
 
 
-class SparseCacheRole(str, Enum):
+class SparseCacheRole(StrEnum):
     SPARSE = "sparse"
     INDEXER = "indexer"
 
@@ -206,7 +203,7 @@ class _Spec(BaseModel):
 class HiSparseHotSpec(_Spec):
     """Per-request HiSparse hot cache; raw storage, no per-layer views."""
 
-    kind: Literal["HiSparseHotSpec"] = "HiSparseHotSpec"  # type: ignore[assignment]
+    kind: Literal["HiSparseHotSpec"] = "HiSparseHotSpec"
     page_size: int = Field(gt=0)
     blocks_per_request: int = Field(ge=0)
 
@@ -229,7 +226,7 @@ class HiSparseHotSpec(_Spec):
 class HiSparseResidentSpec(_Spec):
     """HiSparse resident pool; raw storage, no per-layer views."""
 
-    kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"  # type: ignore[assignment]
+    kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"
     page_size: int = Field(gt=0)
 
     @property
@@ -251,7 +248,7 @@ class HiSparseResidentSpec(_Spec):
 class AttentionSpec(_Spec):
     """``AttentionSpec``: ``[B, H, N, C]`` pages with K and V packed in ``C``."""
 
-    kind: Literal["AttentionSpec"] = "AttentionSpec"  # type: ignore[assignment]
+    kind: Literal["AttentionSpec"] = "AttentionSpec"
     dcp_sharded: bool = True
     max_tp_shards: int | None = None
     num_kv_heads: int = Field(gt=0)
@@ -407,7 +404,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
 class MambaSpec(_Spec):
     """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
 
-    kind: Literal["MambaSpec"] = "MambaSpec"  # type: ignore[assignment]
+    kind: Literal["MambaSpec"] = "MambaSpec"
     shapes: list[list[int]]
     dtypes: list[DType]
     page_size_padded: int | None = Field(default=None, gt=0)
@@ -458,23 +455,23 @@ class MambaSpec(_Spec):
 
 
 LeafSpec = Annotated[
-    Union[
-        FullAttentionSpec,
-        SlidingWindowSpec,
-        MLAAttentionSpec,
-        HiddenStateCacheSpec,
-        RSWASpec,
-        ChunkedLocalAttentionSpec,
-        CircularBufferSpec,
-        SlidingWindowMLASpec,
-        EncoderOnlyAttentionSpec,
-        CrossAttentionSpec,
-        SinkFullAttentionSpec,
-        MambaSpec,
-        HiSparseHotSpec,
-        HiSparseResidentSpec,
-        AttentionSpec,
-    ],
+    (
+        FullAttentionSpec
+        | SlidingWindowSpec
+        | MLAAttentionSpec
+        | HiddenStateCacheSpec
+        | RSWASpec
+        | ChunkedLocalAttentionSpec
+        | CircularBufferSpec
+        | SlidingWindowMLASpec
+        | EncoderOnlyAttentionSpec
+        | CrossAttentionSpec
+        | SinkFullAttentionSpec
+        | MambaSpec
+        | HiSparseHotSpec
+        | HiSparseResidentSpec
+        | AttentionSpec
+    ),
     Field(discriminator="kind"),
 ]
 
@@ -482,7 +479,7 @@ LeafSpec = Annotated[
 class UniformTypeKVCacheSpecs(_Spec):
     """One group of same-type layers with per-layer specs (block-outermost packing)."""
 
-    kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"  # type: ignore[assignment]
+    kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
     kv_cache_specs: dict[str, LeafSpec]
 
     @model_validator(mode="before")
@@ -536,7 +533,7 @@ class UniformTypeKVCacheSpecs(_Spec):
 
 
 AnySpec = Annotated[
-    Union[LeafSpec, UniformTypeKVCacheSpecs],
+    LeafSpec | UniformTypeKVCacheSpecs,
     Field(discriminator="kind"),
 ]
 """Any spec a ``KVCacheGroupSpec`` may carry, chosen by ``kind`` (the vLLM class name)."""

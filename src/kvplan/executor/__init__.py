@@ -1,0 +1,30 @@
+"""The executor: apply a :class:`~kvplan.schemas.plan.BindingPlan` to memory, verify tensors.
+
+``apply(plan, backend=..., mode=...)`` returns a :class:`BoundKVCache`; ``verify(plan,
+tensors)`` proves a binding. Backends (``meta``, ``torch``, ``host-vmm``, ``cuda-vmm``)
+live in :mod:`kvplan.executor.backends`. Importing this package imports neither torch nor
+cuda-python; they load when a backend is created.
+"""
+
+from kvplan.executor._apply import DEFAULT_CHUNK_BYTES, apply
+from kvplan.executor._bound import BoundKVCache
+from kvplan.executor._verify import verify
+from kvplan.executor.backends import (
+    BACKENDS,
+    Backend,
+    BackendCallError,
+    create_backend,
+    register_backend,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_CHUNK_BYTES",
+    "Backend",
+    "BackendCallError",
+    "BoundKVCache",
+    "apply",
+    "create_backend",
+    "register_backend",
+    "verify",
+]

@@ -1,0 +1,124 @@
+"""``apply``: reserve, map, zero and wrap every pool of a plan, then build the tensors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from kvplan.executor._bound import BoundKVCache
+from kvplan.executor._memory import PoolMemory, Transaction, failure, map_chunks
+from kvplan.executor._views import build_tensors
+from kvplan.executor.backends import create_backend
+from kvplan.executor.backends.base import Backend, next_pow2, round_up
+from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.plan import BindingPlan
+
+DEFAULT_CHUNK_BYTES = 2 << 20
+"""Default physical chunk (2 MiB, CUDA's usual granularity). Larger chunks cut calls."""
+
+Mode = Literal["eager", "elastic"]
+
+
+def apply(
+    plan: BindingPlan,
+    *,
+    backend: str | Backend = "cuda-vmm",
+    device: str | None = None,
+    mode: Mode = "eager",
+    chunk_size: int = DEFAULT_CHUNK_BYTES,
+    **options: Any,
+) -> BoundKVCache:
+    """Bind ``plan``: one reservation per pool, views over it, aliases as shared objects.
+
+    ``backend``: a registered name (``meta``, ``torch``, ``host-vmm``, ``cuda-vmm``) or a
+    :class:`~kvplan.executor.backends.base.Backend` instance (not closed by the cache).
+    ``mode``: ``eager`` maps and zeroes every pool now; ``elastic`` reserves address space
+    only and maps blocks on :meth:`BoundKVCache.ensure_mapped`. ``chunk_size``: bytes per
+    physical allocation, rounded up to the backend granularity. ``options`` go to the
+    backend factory. A failed primitive undoes everything done so far and raises
+    ``KVPlanError`` ``KVP402``; an unusable backend raises ``KVP401``.
+    """
+    if mode not in ("eager", "elastic"):
+        raise KVPlanError(
+            error(Code.UNKNOWN_ENUM, "mode", f"Unknown mode {mode!r}.", "use eager or elastic")
+        )
+    if chunk_size <= 0:
+        raise KVPlanError(error(Code.SCHEMA, "chunk_size", "chunk_size must be positive."))
+    owns = isinstance(backend, str)
+    be = create_backend(backend, device=device, **options) if isinstance(backend, str) else backend
+    try:
+        return _apply(plan, be, mode, chunk_size, owns)
+    except BaseException:
+        if owns:
+            be.close()
+        raise
+
+
+def _apply(plan: BindingPlan, be: Backend, mode: str, chunk_size: int, owns: bool) -> BoundKVCache:
+    if mode == "elastic" and be.reserve_commits:
+        raise KVPlanError(
+            error(
+                Code.BACKEND_UNAVAILABLE,
+                "mode",
+                f"Backend {be.name!r} commits all memory up front and cannot run elastic mode.",
+                "use --backend host-vmm or cuda-vmm for elastic mode, or --mode eager",
+            )
+        )
+    clock = time.perf_counter
+    t0 = clock()
+    timings: dict[str, float] = {}
+    txn = Transaction(be)
+    memory: dict[str, PoolMemory] = {}
+    try:
+        txn.at("granularity", "", 0, 0)
+        gran = be.granularity()
+        chunk = round_up(chunk_size, gran)
+        for pool in plan.pools:
+            reserved = round_up(pool.size_bytes, gran)
+            address = 0
+            if reserved:
+                txn.at("reserve", pool.name, 0, reserved)
+                address = be.reserve(reserved, next_pow2(max(pool.alignment_bytes, gran)))
+                txn.did("free", lambda a=address, n=reserved: be.free(a, n))
+            memory[pool.name] = PoolMemory(pool.name, pool.size_bytes, reserved, address, chunk)
+        t1 = clock()
+        timings["reserve"] = (t1 - t0) * 1e3
+        if mode == "eager" and not be.reserve_commits:
+            for mem in memory.values():
+                map_chunks(be, txn, mem, range(mem.num_chunks))
+            if not be.fresh_memory_is_zero:
+                txn.at("synchronize", "", 0, 0)
+                be.synchronize()
+        t2 = clock()
+        timings["map"] = (t2 - t1) * 1e3
+        pools = {}
+        for mem in memory.values():
+            txn.at("wrap", mem.name, 0, mem.size)
+            pools[mem.name] = be.wrap(mem.address, mem.size) if mem.size else _empty(be)
+        t3 = clock()
+        timings["wrap"] = (t3 - t2) * 1e3
+        tensors = build_tensors(plan, pools)
+        timings["views"] = (clock() - t3) * 1e3
+    except BaseException as exc:
+        raise failure(txn, exc, be, "apply") from exc
+    if mode == "eager" and not be.reserve_commits:
+        for mem in memory.values():
+            mem.mapped.update(range(mem.num_chunks))
+    timings["total"] = (clock() - t0) * 1e3
+    return BoundKVCache(
+        plan=plan,
+        backend=be,
+        mode=mode,
+        pools=pools,
+        tensors=tensors,
+        memory=memory,
+        chunk_bytes=chunk,
+        owns_backend=owns,
+        timings_ms=timings,
+    )
+
+
+def _empty(be: Backend) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=torch.int8, device=be.device)

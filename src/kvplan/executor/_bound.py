@@ -1,0 +1,266 @@
+"""``BoundKVCache``: the applied plan's tensors and the memory behind them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from kvplan.executor._memory import PoolMemory, Transaction, failure, human_bytes, map_chunks
+from kvplan.executor.backends.base import Backend, BackendCallError
+from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.plan import BindingPlan
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from kvplan.planner.page_index import PageIndex
+
+
+class BoundKVCache:
+    """Tensors bound per a plan, over pools the executor reserved and mapped.
+
+    ``tensors``: layer → tensor (an alias maps to its target's very object); ``pools``:
+    name → ``int8`` byte tensor. In ``elastic`` mode only the chunks of blocks passed to
+    :meth:`ensure_mapped` are backed by memory; touching other bytes faults. :meth:`close`
+    unmaps and frees everything: tensors obtained from this cache must not be used after.
+    Not thread-safe; use from one thread (the one torch uses for the device).
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: BindingPlan,
+        backend: Backend,
+        mode: str,
+        pools: dict[str, Tensor],
+        tensors: dict[str, Tensor],
+        memory: dict[str, PoolMemory],
+        chunk_bytes: int,
+        owns_backend: bool,
+        timings_ms: dict[str, float],
+    ) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.mode = mode
+        self.pools = pools
+        self.tensors = tensors
+        self.chunk_bytes = chunk_bytes
+        self.timings_ms = timings_ms
+        self._memory = memory
+        self._owns_backend = owns_backend
+        self._blocks: set[int] = set()
+        self._index: PageIndex | None = None
+        self.closed = False
+
+    # -- accounting -----------------------------------------------------------------------
+    @property
+    def reserved_bytes(self) -> int:
+        """Address space reserved for all pools (bytes, rounded up to the granularity)."""
+        return sum(m.reserved for m in self._memory.values())
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes currently backed by physical memory across all pools."""
+        if self.backend.reserve_commits:
+            return 0 if self.closed else self.reserved_bytes
+        return sum(m.mapped_bytes() for m in self._memory.values())
+
+    @property
+    def mapped_chunks(self) -> dict[str, int]:
+        """Mapped chunk count per pool."""
+        return {name: len(m.mapped) for name, m in self._memory.items()}
+
+    @property
+    def mapped_blocks(self) -> frozenset[int]:
+        """Block ids made resident by :meth:`ensure_mapped` (elastic mode)."""
+        return frozenset(self._blocks)
+
+    @property
+    def page_index(self) -> PageIndex:
+        """The plan's page index (built on first use)."""
+        if self._index is None:
+            from kvplan.planner.page_index import PageIndex
+
+            self._index = PageIndex(self.plan)
+        return self._index
+
+    def stats(self) -> dict[str, Any]:
+        """Memory and timing figures (JSON-ready)."""
+        return {
+            "backend": self.backend.name,
+            "device": self.backend.device,
+            "mode": self.mode,
+            "chunk_bytes": self.chunk_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "mapped_bytes": self.mapped_bytes,
+            "mapped_blocks": len(self._blocks),
+            "tensors": len(self.tensors),
+            "timings_ms": dict(self.timings_ms),
+        }
+
+    # -- elastic --------------------------------------------------------------------------
+    def _block_ids(self, block_ids: Iterable[int]) -> list[int]:
+        if self.closed:
+            raise RuntimeError("the KV cache is closed")
+        ids = list(dict.fromkeys(int(b) for b in block_ids))
+        index = self.page_index
+        bad = [b for b in ids if not index.check_block(b)]
+        if bad:
+            raise KVPlanError(
+                error(
+                    Code.BLOCK_OUT_OF_RANGE,
+                    "block_ids",
+                    f"Block ids {bad[:8]} are outside [0, {index.num_blocks}).",
+                    "pass ids below the plan's num_blocks",
+                )
+            )
+        return ids
+
+    def _chunk_refs(self, blocks: list[int]) -> dict[str, Counter[int]]:
+        refs: dict[str, Counter[int]] = {name: Counter() for name in self._memory}
+        for b in blocks:
+            for pool, chunks in self.page_index.block_chunks(b, self.chunk_bytes).items():
+                refs[pool].update(chunks)
+        return refs
+
+    def ensure_mapped(self, block_ids: Iterable[int]) -> int:
+        """Back the pages of ``block_ids`` with zeroed memory; returns bytes newly mapped.
+
+        Idempotent per block. All-or-nothing: on a failed driver call everything this call
+        mapped is unmapped again and ``KVP402`` is raised. No-op in eager mode.
+        """
+        ids = self._block_ids(block_ids)
+        if self.mode != "elastic":
+            return 0
+        new = [b for b in ids if b not in self._blocks]
+        if not new:
+            return 0
+        refs = self._chunk_refs(new)
+        todo = {
+            name: sorted(c for c in refs[name] if c not in mem.mapped)
+            for name, mem in self._memory.items()
+        }
+        txn = Transaction(self.backend)
+        mapped = 0
+        try:
+            for name, chunks in todo.items():
+                if chunks:
+                    mapped += map_chunks(self.backend, txn, self._memory[name], chunks)
+            if mapped and not self.backend.fresh_memory_is_zero:
+                txn.at("synchronize", "", 0, 0)
+                self.backend.synchronize()
+        except BaseException as exc:
+            raise failure(txn, exc, self.backend, f"ensure_mapped({len(new)} blocks)") from exc
+        for name, mem in self._memory.items():
+            mem.mapped.update(todo[name])
+            for c, n in refs[name].items():
+                mem.refs[c] = mem.refs.get(c, 0) + n
+        self._blocks.update(new)
+        return mapped
+
+    def release_blocks(self, block_ids: Iterable[int]) -> int:
+        """Drop ``block_ids``; unmap chunks no resident block uses. Returns bytes unmapped.
+
+        Blocks that are not resident are ignored. No-op in eager mode. A failed unmap
+        leaves that chunk mapped (unreferenced) and raises ``KVP402``.
+        """
+        ids = self._block_ids(block_ids)
+        if self.mode != "elastic":
+            return 0
+        gone = [b for b in ids if b in self._blocks]
+        if not gone:
+            return 0
+        refs = self._chunk_refs(gone)
+        self._blocks.difference_update(gone)
+        drop: dict[str, list[int]] = {}
+        for name, mem in self._memory.items():
+            for c, n in refs[name].items():
+                left = mem.refs.get(c, 0) - n
+                if left > 0:
+                    mem.refs[c] = left
+                else:
+                    mem.refs.pop(c, None)
+                    drop.setdefault(name, []).append(c)
+        return self._unmap(drop, "release_blocks")
+
+    def _unmap(self, drop: dict[str, list[int]], action: str) -> int:
+        if not any(drop.values()):
+            return 0
+        self.backend.synchronize()
+        freed = 0
+        for name, chunks in drop.items():
+            mem = self._memory[name]
+            for c in sorted(chunks):
+                if c not in mem.mapped:
+                    continue
+                off, length = mem.span(c)
+                try:
+                    self.backend.unmap(mem.address + off, length)
+                except BackendCallError as exc:
+                    raise KVPlanError(
+                        error(
+                            Code.DRIVER_CALL_FAILED,
+                            f"pools.{name}",
+                            f"{exc.call} failed during {action} on pool {name!r} bytes "
+                            f"[{off}, {off + length}) ({human_bytes(length)}): {exc.detail}. "
+                            "The chunk stays mapped.",
+                        )
+                    ) from exc
+                mem.mapped.discard(c)
+                freed += length
+        return freed
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap and free everything (idempotent). Tensors from this cache become invalid."""
+        if self.closed:
+            return
+        self.closed = True
+        self.tensors = {}
+        self.pools = {}
+        errors: list[str] = []
+        try:
+            self.backend.synchronize()
+        except Exception as exc:
+            errors.append(f"synchronize: {exc}")
+        for mem in self._memory.values():
+            ok = True
+            for c in sorted(mem.mapped):
+                off, length = mem.span(c)
+                try:
+                    self.backend.unmap(mem.address + off, length)
+                    mem.mapped.discard(c)
+                except Exception as exc:
+                    ok = False
+                    errors.append(f"unmap {mem.name}[{off}:{off + length}]: {exc}")
+            mem.refs.clear()
+            if mem.reserved and ok:
+                try:
+                    self.backend.free(mem.address, mem.reserved)
+                except Exception as exc:
+                    errors.append(f"free {mem.name}: {exc}")
+        self._blocks.clear()
+        if self._owns_backend:
+            self.backend.close()
+        if errors:
+            raise KVPlanError(
+                error(
+                    Code.DRIVER_CALL_FAILED,
+                    "cache.close",
+                    f"{len(errors)} calls failed while closing: {'; '.join(errors[:3])}.",
+                )
+            )
+
+    def __enter__(self) -> BoundKVCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{human_bytes(self.mapped_bytes)} mapped"
+        return (
+            f"<BoundKVCache {self.backend.name} {self.mode} {len(self.tensors)} tensors, "
+            f"{human_bytes(self.reserved_bytes)} reserved, {state}>"
+        )

@@ -1,0 +1,168 @@
+"""Pool address spaces, chunk mapping and the undo journal that makes it transactional.
+
+A pool's reservation is cut into chunks of ``chunk`` bytes (the last may be shorter, still
+a granularity multiple). Chunk ``i`` covers bytes ``[i*chunk, min((i+1)*chunk, reserved))``
+of the pool. Each chunk is one physical allocation and one mapping; access is granted (and
+memory zeroed) once per contiguous run of newly mapped chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from kvplan.executor.backends.base import Backend, BackendCallError
+from kvplan.schemas.errors import Code, KVPlanError, error
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` → ``1.5 KiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.4g} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+@dataclass
+class PoolMemory:
+    """One pool's reservation and the chunks mapped in it (offsets in bytes from ``address``)."""
+
+    name: str
+    size: int
+    reserved: int
+    address: int
+    chunk: int
+    mapped: set[int] = field(default_factory=set)
+    refs: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.reserved // self.chunk) if self.reserved else 0
+
+    def span(self, chunk_id: int) -> tuple[int, int]:
+        """``(offset, length)`` of chunk ``chunk_id``."""
+        start = chunk_id * self.chunk
+        return start, min(self.chunk, self.reserved - start)
+
+    def mapped_bytes(self) -> int:
+        return sum(self.span(c)[1] for c in self.mapped)
+
+
+def runs(chunk_ids: Iterable[int]) -> Iterator[list[int]]:
+    """Maximal runs of consecutive ids, in order: ``[1, 2, 5]`` → ``[1, 2]``, ``[5]``."""
+    run: list[int] = []
+    for c in sorted(chunk_ids):
+        if run and c != run[-1] + 1:
+            yield run
+            run = []
+        run.append(c)
+    if run:
+        yield run
+
+
+@dataclass
+class _Undo:
+    kind: str
+    action: Callable[[], None]
+
+
+class Transaction:
+    """An undo journal: every successful primitive records its inverse; ``rollback`` replays.
+
+    ``where`` is the primitive being attempted, for the error: ``(op, pool, offset, length)``.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._undo: list[_Undo | None] = []
+        self.where: tuple[str, str, int, int] = ("", "", 0, 0)
+
+    def at(self, op: str, pool: str, offset: int, length: int) -> None:
+        self.where = (op, pool, offset, length)
+
+    def did(self, kind: str, action: Callable[[], None]) -> int:
+        self._undo.append(_Undo(kind, action))
+        return len(self._undo) - 1
+
+    def done(self, index: int) -> None:
+        """The step at ``index`` needs no undo any more (e.g. a handle released after map)."""
+        self._undo[index] = None
+
+    def rollback(self) -> tuple[dict[str, int], list[str]]:
+        """Undo everything, newest first; ``(counts per kind undone, errors)``."""
+        pending = [u for u in self._undo if u is not None]
+        self._undo.clear()
+        counts: dict[str, int] = {}
+        errors: list[str] = []
+        if any(u.kind == "unmap" for u in pending):
+            try:
+                self.backend.synchronize()
+            except Exception as exc:
+                errors.append(f"synchronize: {exc}")
+        for undo in reversed(pending):
+            try:
+                undo.action()
+                counts[undo.kind] = counts.get(undo.kind, 0) + 1
+            except Exception as exc:
+                errors.append(f"{undo.kind}: {exc}")
+        return counts, errors
+
+
+def map_chunks(backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: Iterable[int]) -> int:
+    """Create, map and release one handle per chunk; grant access and zero per run.
+
+    Returns the bytes mapped. Every step is journaled in ``txn``; the caller commits
+    ``pool.mapped`` only after the whole transaction succeeds.
+    """
+    total = 0
+    zero = not backend.fresh_memory_is_zero
+    for run in runs(chunk_ids):
+        first, _ = pool.span(run[0])
+        last_off, last_len = pool.span(run[-1])
+        for c in run:
+            off, length = pool.span(c)
+            address = pool.address + off
+            txn.at("create", pool.name, off, length)
+            handle = backend.create(length)
+            rel = txn.did("release", lambda h=handle: backend.release(h))
+            txn.at("map", pool.name, off, length)
+            backend.map(address, length, handle)
+            txn.did("unmap", lambda a=address, n=length: backend.unmap(a, n))
+            txn.at("release", pool.name, off, length)
+            backend.release(handle)
+            txn.done(rel)
+        length = last_off + last_len - first
+        txn.at("set_access", pool.name, first, length)
+        backend.set_access(pool.address + first, length)
+        if zero:
+            txn.at("zero", pool.name, first, length)
+            backend.zero(pool.address + first, length)
+        total += length
+    return total
+
+
+def failure(txn: Transaction, exc: BaseException, backend: Backend, action: str) -> BaseException:
+    """Roll ``txn`` back; the exception to raise (``KVP402`` for a failed primitive)."""
+    counts, errors = txn.rollback()
+    undone = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing to undo"
+    tail = f" Rolled back: {undone}."
+    if errors:
+        tail += f" Rollback errors ({len(errors)}): {'; '.join(errors[:3])}."
+    if isinstance(exc, BackendCallError):
+        op, pool, offset, length = txn.where
+        call = exc.call or backend.call_names.get(op, op)
+        where = f"pool {pool!r} bytes [{offset}, {offset + length}) ({human_bytes(length)})"
+        return KVPlanError(
+            error(
+                Code.DRIVER_CALL_FAILED,
+                f"pools.{pool}" if pool else "backend",
+                f"{call} failed during {action} on backend {backend.name!r}, {where}: "
+                f"{exc.detail}.{tail}",
+                "check free memory and the chunk size; nothing is left mapped or reserved",
+            )
+        )
+    if errors and isinstance(exc, Exception):
+        exc.add_note(tail.strip())
+    return exc

@@ -1,0 +1,316 @@
+"""Ask the installed vLLM to build a model's KV-cache configuration, on the CPU.
+
+The steps are vLLM's own, in vLLM's order:
+
+1. :func:`make_vllm_config`: ``EngineArgs(...).create_engine_config()`` (what ``vllm serve``
+   does with the same flags);
+2. :func:`collect_worker_specs`: each TP rank builds the model on the ``meta`` device and
+   collects its per-layer ``KVCacheSpec`` s and the KV-sharing map, as a GPU worker's
+   runner does (ranks > 1 run in spawned processes joined by a gloo group);
+3. :func:`plan_kv_cache`: the engine core's ``_initialize_kv_caches`` — layout resolution,
+   ``get_global_kv_cache_groups``, ``get_kv_cache_configs``, the scheduler config and the
+   hash block sizes;
+4. :func:`runner_config` and :func:`kernel_block_sizes`: the runner's copy after its
+   KV-sharing append, and ``prepare_kernel_block_sizes`` over the runner's attention groups.
+
+Everything runs inside :func:`~kvplan.integrations.vllm._emulation.cuda_platform`.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvplan.integrations.vllm._emulation import cuda_platform
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """The ``vllm serve`` flags kvplan plans with (``None``: vLLM's default)."""
+
+    model: str
+    """Directory holding the model's ``config.json``."""
+    max_model_len: int | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    tp: int = 1
+    layout: str | None = None
+    """A ``KVCacheLayout`` name to pre-set (``None``: vLLM resolves one)."""
+    num_blocks: int | None = None
+    """``--num-gpu-blocks-override``."""
+    disable_hybrid_kv_cache_manager: bool = False
+    attention_backend: str | None = None
+    dtype: str = "auto"
+    hf_overrides: Mapping[str, Any] | None = None
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments of vLLM's ``EngineArgs``."""
+        args: dict[str, Any] = {
+            "model": self.model,
+            "skip_tokenizer_init": True,
+            "enforce_eager": True,
+            "disable_log_stats": True,
+            "dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "tensor_parallel_size": self.tp,
+            "disable_hybrid_kv_cache_manager": self.disable_hybrid_kv_cache_manager,
+        }
+        optional = {
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "num_gpu_blocks_override": self.num_blocks,
+            "attention_backend": self.attention_backend,
+            "hf_overrides": dict(self.hf_overrides) if self.hf_overrides else None,
+        }
+        args.update({key: value for key, value in optional.items() if value is not None})
+        return args
+
+
+@dataclass
+class WorkerSpecs:
+    """What one TP rank's runner reports: per-layer specs and the KV-sharing map."""
+
+    rank: int
+    specs: dict[str, KVCacheSpec]
+    shared_kv_cache_layers: dict[str, str]
+    backends: dict[str, type[AttentionBackend]]
+    """Attention backend of every attention layer (sharers included)."""
+    num_heads_q: dict[str, int]
+    weight_bytes: int
+    """Bytes of the rank's parameters and buffers, as built (a weight-memory estimate)."""
+    architecture: str = ""
+    num_layers: int = 0
+    cache_config: Any = field(default=None, repr=False)
+
+
+def make_vllm_config(options: BuildOptions) -> VllmConfig:
+    """vLLM's engine config for ``options`` (call inside :func:`cuda_platform`)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(**options.engine_args()).create_engine_config()
+    if options.layout is not None:
+        # "Tests and standalone tools may pre-set a value" (vllm/config/cache.py).
+        from kvplan.schemas.layout import parse_layout
+
+        config.cache_config.kv_cache_layout = parse_layout(options.layout).name
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _init_parallel(vllm_config: VllmConfig, rank: int, init_method: str) -> None:
+    import torch.distributed as dist
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    with set_current_vllm_config(vllm_config):
+        if not dist.is_initialized():
+            init_distributed_environment(
+                world_size=tp,
+                rank=rank,
+                local_rank=rank,
+                distributed_init_method=init_method,
+                backend="gloo",
+            )
+        ensure_model_parallel_initialized(tp, 1)
+
+
+def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
+    """Build the model on ``meta`` and collect what the GPU runner would (this process)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.config.vllm import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec, get_shared_kv_cache_layers
+
+    with set_current_vllm_config(vllm_config), torch.device("meta"):
+        model = initialize_model(vllm_config=vllm_config)
+    with set_current_vllm_config(vllm_config):
+        # What the executor does after load_model (uniproc_executor.py, multiproc_executor.py).
+        current_platform.update_block_size_for_backend(vllm_config)
+        specs = get_kv_cache_spec(vllm_config)
+        shared = dict(get_shared_kv_cache_layers(vllm_config))
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)  # type: ignore[type-abstract]
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    weights += sum(t.numel() * t.element_size() for t in model.buffers())
+    return WorkerSpecs(
+        rank=rank,
+        specs=specs,
+        shared_kv_cache_layers=shared,
+        backends={name: layer.get_attn_backend() for name, layer in layers.items()},
+        num_heads_q={name: int(getattr(layer, "num_heads", 0) or 0) for name, layer in layers.items()},
+        weight_bytes=int(weights),
+        architecture=type(model).__name__,
+        num_layers=len(layers),
+        cache_config=copy.deepcopy(vllm_config.cache_config),
+    )
+
+
+def _rank_main(options: BuildOptions, rank: int, init_method: str) -> WorkerSpecs:
+    """Entry point of a spawned TP rank."""
+    with cuda_platform():
+        vllm_config = make_vllm_config(options)
+        _init_parallel(vllm_config, rank, init_method)
+        return build_worker_specs(vllm_config, rank)
+
+
+def collect_worker_specs(options: BuildOptions, vllm_config: VllmConfig) -> list[WorkerSpecs]:
+    """Every TP rank's :class:`WorkerSpecs` (rank 0 first).
+
+    ``tp == 1`` builds in this process (as vLLM's uniproc executor does, so ``vllm_config``
+    receives the worker's block-size update); ``tp > 1`` spawns one process per rank.
+    """
+    if options.tp == 1:
+        with tempfile.TemporaryDirectory(prefix="kvplan-dist-") as tmp:
+            _init_parallel(vllm_config, 0, f"file://{Path(tmp) / 'store'}")
+        return [build_worker_specs(vllm_config, 0)]
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    with ProcessPoolExecutor(max_workers=options.tp, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_rank_main, options, rank, init_method) for rank in range(options.tp)]
+        return [future.result() for future in futures]
+
+
+@dataclass
+class KVCachePlan:
+    """The engine core's result: one ``KVCacheConfig`` per worker, plus the scheduler's."""
+
+    worker_configs: list[KVCacheConfig]
+    scheduler_config: KVCacheConfig
+    layout: str
+    available_memory: list[int]
+
+
+def plan_kv_cache(
+    vllm_config: VllmConfig, workers: Sequence[WorkerSpecs], available_memory: Sequence[int]
+) -> KVCachePlan:
+    """``EngineCore._initialize_kv_caches`` up to ``initialize_from_config``."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        record_kv_cache_layout,
+        resolve_kv_cache_layout,
+    )
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        resolve_cache_hit_alignment_tokens,
+        resolve_kv_cache_block_sizes,
+    )
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    kv_cache_specs = [dict(worker.specs) for worker in workers]
+    cache_config = vllm_config.cache_config
+    with set_current_vllm_config(vllm_config):
+        register_all_kvcache_specs(vllm_config)
+        all_specs = [spec for specs in kv_cache_specs for spec in specs.values()]
+        if any(getattr(spec, "non_causal", False) for spec in all_specs):
+            vllm_config.scheduler_config.enable_chunked_prefill = False
+            cache_config.enable_prefix_caching = False
+        supported = [
+            [layout.name for layout in get_supported_kv_cache_layouts(_distinct(w.backends))]
+            for w in workers
+        ]
+        layout = resolve_kv_cache_layout(vllm_config, supported, all_specs)
+        groups = get_global_kv_cache_groups(vllm_config, kv_cache_specs)
+        vllm_config.adjust_dcp_kv_cache_interleave_size(groups)
+        record_kv_cache_layout(cache_config, layout.name)
+        memory = list(available_memory) if any(kv_cache_specs) else [0] * len(workers)
+        configs = get_kv_cache_configs(vllm_config, kv_cache_specs, memory, groups)
+        for config in configs:
+            config.kv_cache_layout = cache_config.kv_cache_layout
+        scheduler = generate_scheduler_kv_cache_config(configs)
+        cache_config.num_gpu_blocks = scheduler.num_blocks
+        if scheduler.kv_cache_groups:
+            sizes = [g.kv_cache_spec.block_size for g in scheduler.kv_cache_groups]
+            cacheable = [
+                g.kv_cache_spec.block_size
+                for g in scheduler.kv_cache_groups
+                if g.kv_cache_spec.prefix_cacheable
+            ]
+            cache_config.block_size = min(cacheable or sizes)
+        vllm_config.validate_block_size()
+        block_size, hash_block_size = resolve_kv_cache_block_sizes(scheduler, vllm_config)
+        alignment = resolve_cache_hit_alignment_tokens(
+            scheduler, vllm_config, block_size, hash_block_size
+        )
+        for config in (*configs, scheduler):
+            config.hash_block_size = hash_block_size
+            config.cache_hit_alignment_tokens = alignment
+    return KVCachePlan(configs, scheduler, layout.name, memory)
+
+
+def _distinct(backends: Mapping[str, type[AttentionBackend]]) -> list[type[AttentionBackend]]:
+    seen: dict[str, type[AttentionBackend]] = {}
+    for backend in backends.values():
+        seen.setdefault(f"{backend.__module__}.{backend.__qualname__}", backend)
+    return list(seen.values())
+
+
+def runner_config(
+    kv_cache_config: KVCacheConfig, shared_kv_cache_layers: Mapping[str, str]
+) -> KVCacheConfig:
+    """The runner's deep copy after ``add_kv_sharing_layers_to_kv_cache_groups``."""
+    from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups
+
+    config = copy.deepcopy(kv_cache_config)
+    add_kv_sharing_layers_to_kv_cache_groups(
+        dict(shared_kv_cache_layers), config.kv_cache_groups, set()
+    )
+    return config
+
+
+def kernel_block_sizes(
+    runner_kv_cache_config: KVCacheConfig,
+    worker: WorkerSpecs,
+) -> list[int]:
+    """``prepare_kernel_block_sizes`` over the runner's attention groups.
+
+    The groups are formed as the V2 runner's ``init_attn_backend`` (phase 1) forms them:
+    keyed by backend, layer spec and query heads. A KV-sharing layer in a
+    ``UniformTypeKVCacheSpecs`` group has no entry of its own there (vLLM would raise a
+    ``KeyError``); kvplan resolves it through its target's spec.
+    """
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+    from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
+
+    shared = worker.shared_kv_cache_layers
+    attn_groups: list[list[AttentionGroup]] = []
+    for gid, group in enumerate(runner_kv_cache_config.kv_cache_groups):
+        if not group.kv_cache_spec.has_layer_views:
+            attn_groups.append([])
+            continue
+        by_key: dict[tuple[Any, ...], AttentionGroup] = {}
+        for name in group.layer_names:
+            spec = group.kv_cache_spec
+            if isinstance(spec, UniformTypeKVCacheSpecs):
+                spec = spec.kv_cache_specs.get(name) or spec.kv_cache_specs[shared[name]]
+            backend = worker.backends[name]
+            key = (backend.full_cls_name(), spec, worker.num_heads_q.get(name, 0))
+            if key in by_key:
+                by_key[key].layer_names.append(name)
+            else:
+                by_key[key] = AttentionGroup(backend, [name], spec, gid)
+        attn_groups.append(list(by_key.values()))
+    return list(prepare_kernel_block_sizes(runner_kv_cache_config, attn_groups))
