@@ -1,9 +1,232 @@
-"""Placeholder: this command family is being built."""
+"""``kvplan apply PLAN``: bind a saved plan with a backend, verify it, report time and memory.
+
+torch (and cuda-python) load only inside the command, never when the CLI is imported.
+"""
 
 from __future__ import annotations
 
+import re
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
 import typer
+from rich.table import Table
+
+from kvplan.cli._output import EXIT_ERROR, fail, print_json, report, stdout_console
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+from kvplan.schemas.plan import BindingPlan
+
+Mode = Literal["eager", "elastic"]
+
+
+class BackendName(StrEnum):
+    meta = "meta"
+    torch = "torch"
+    host_vmm = "host-vmm"
+    cuda_vmm = "cuda-vmm"
+
+
+class ModeName(StrEnum):
+    eager = "eager"
+    elastic = "elastic"
+
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KIB": 1 << 10,
+    "KB": 1000,
+    "M": 1 << 20,
+    "MIB": 1 << 20,
+    "MB": 1000**2,
+    "G": 1 << 30,
+    "GIB": 1 << 30,
+    "GB": 1000**3,
+}
+
+
+def parse_size(text: str) -> int:
+    """``2MiB`` → 2097152 (``K``/``M``/``G`` and ``KiB``… are binary, ``KB``… decimal)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                "--chunk-size",
+                f"Cannot read size {text!r}.",
+                "write e.g. 2MiB, 64KiB or 4194304",
+            )
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_blocks(text: str) -> list[int]:
+    """``0-3,8`` → ``[0, 1, 2, 3, 8]``."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise KVPlanError(
+                error(Code.SCHEMA, "--blocks", f"Cannot read block range {part!r}.", "e.g. 0-15,32")
+            )
+        lo = int(match.group(1))
+        hi = int(match.group(2) or lo)
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def load_plan(path: Path) -> BindingPlan:
+    """Read a plan from JSON or YAML; read/parse/schema errors become ``KVPlanError``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KVPlanError(
+            error(Code.UNREADABLE, str(path), f"Cannot read the plan: {exc}.", "check the path")
+        ) from None
+    from pydantic import ValidationError
+
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise KVPlanError(
+                    error(Code.MALFORMED, str(path), f"Not valid YAML: {exc}".replace("\n", " "))
+                ) from None
+            return BindingPlan.model_validate(data)
+        return BindingPlan.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            raise KVPlanError(
+                error(Code.MALFORMED, str(path), f"Not valid JSON: {first.get('msg')}.")
+            ) from None
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                f"{path}:{where}" if where else str(path),
+                f"Not a kvplan.plan/1 document ({exc.error_count()} problems; first: "
+                f"{first.get('msg')}).",
+                "pass a plan made by `kvplan plan`",
+            )
+        ) from None
+
+
+def _run(
+    plan: BindingPlan,
+    backend: str,
+    device: str | None,
+    mode: Mode,
+    chunk: int,
+    blocks: list[int],
+) -> tuple[dict[str, Any], list[Diagnostic]]:
+    from kvplan.executor import apply, verify
+
+    clock = time.perf_counter
+    cache = apply(plan, backend=backend, device=device, mode=mode, chunk_size=chunk)
+    with cache:
+        timings = dict(cache.timings_ms)
+        t0 = clock()
+        if blocks:
+            cache.ensure_mapped(blocks)
+            timings["ensure_mapped"] = (clock() - t0) * 1e3
+        t1 = clock()
+        diags = verify(plan, cache.tensors, pools=cache.pools)
+        timings["verify"] = (clock() - t1) * 1e3
+        stats = cache.stats()
+        t2 = clock()
+    timings["close"] = (clock() - t2) * 1e3
+    stats["timings_ms"] = {k: round(v, 3) for k, v in timings.items()}
+    return stats, diags
+
+
+def _table(plan: BindingPlan, stats: dict[str, Any], ok: bool) -> Table:
+    from kvplan.executor._memory import human_bytes
+
+    table = Table(title=f"kvplan apply ({stats['backend']}, {stats['mode']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, ms in stats["timings_ms"].items():
+        table.add_row(f"{name} (ms)", f"{ms:.3f}")
+    table.add_row("device", str(stats["device"]))
+    table.add_row(
+        "pools / views / aliases", f"{len(plan.pools)} / {len(plan.views)} / {len(plan.aliases)}"
+    )
+    table.add_row("chunk", human_bytes(stats["chunk_bytes"]))
+    table.add_row(
+        "reserved", f"{human_bytes(stats['reserved_bytes'])} ({stats['reserved_bytes']} B)"
+    )
+    table.add_row("mapped", f"{human_bytes(stats['mapped_bytes'])} ({stats['mapped_bytes']} B)")
+    if stats["mode"] == "elastic":
+        table.add_row("mapped blocks", str(stats["mapped_blocks"]))
+    table.add_row("verify", "ok" if ok else "FAILED")
+    return table
+
+
+def apply_command(
+    plan_path: Annotated[
+        Path, typer.Argument(metavar="PLAN", help="plan file: .json, .yaml, .yml")
+    ],
+    backend: Annotated[
+        BackendName, typer.Option("--backend", "-b", help="memory backend")
+    ] = BackendName.cuda_vmm,
+    mode: Annotated[
+        ModeName, typer.Option(help="eager: map everything; elastic: reserve only")
+    ] = ModeName.eager,
+    device: Annotated[str | None, typer.Option(help="torch device, e.g. cpu or cuda:0")] = None,
+    chunk_size: Annotated[
+        str, typer.Option("--chunk-size", help="physical chunk size, e.g. 2MiB, 32MiB")
+    ] = "2MiB",
+    blocks: Annotated[
+        str | None, typer.Option(help="elastic: block ids to map after apply, e.g. 0-15,32")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Apply PLAN with a backend, verify every tensor, print timings (ms) and memory."""
+    try:
+        chunk = parse_size(chunk_size)
+        block_ids = parse_blocks(blocks) if blocks else []
+        plan = load_plan(plan_path)
+        run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
+        stats, diags = _run(plan, backend.value, device, run_mode, chunk, block_ids)
+    except KVPlanError as exc:
+        fail(exc)
+    except Exception as exc:  # never a traceback: exit 2 with one paragraph
+        fail([error(Code.DRIVER_CALL_FAILED, "apply", f"{type(exc).__name__}: {exc}")])
+    ok = not any(d.is_error for d in diags)
+    if json_out:
+        print_json(
+            {
+                "plan": {
+                    "path": str(plan_path),
+                    "fingerprint": plan.fingerprint,
+                    "pools": len(plan.pools),
+                    "views": len(plan.views),
+                    "aliases": len(plan.aliases),
+                },
+                **{k: v for k, v in stats.items() if k != "timings_ms"},
+                "timings_ms": stats["timings_ms"],
+                "verify": {
+                    "ok": ok,
+                    "diagnostics": [d.model_dump(mode="json") for d in diags],
+                },
+            }
+        )
+    else:
+        stdout_console().print(_table(plan, stats, ok))
+    if diags:
+        report(diags)
+    if not ok:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    """Add the ``apply`` command to ``app``."""
+    app.command("apply")(apply_command)

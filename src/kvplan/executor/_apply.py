@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Literal
 
 from kvplan.executor._bound import BoundKVCache
@@ -44,6 +45,8 @@ def apply(
         )
     if chunk_size <= 0:
         raise KVPlanError(error(Code.SCHEMA, "chunk_size", "chunk_size must be positive."))
+    import torch  # noqa: F401 - load it before anything is timed or reserved
+
     owns = isinstance(backend, str)
     be = create_backend(backend, device=device, **options) if isinstance(backend, str) else backend
     try:
@@ -78,8 +81,9 @@ def _apply(plan: BindingPlan, be: Backend, mode: str, chunk_size: int, owns: boo
             address = 0
             if reserved:
                 txn.at("reserve", pool.name, 0, reserved)
-                address = be.reserve(reserved, next_pow2(max(pool.alignment_bytes, gran)))
-                txn.did("free", lambda a=address, n=reserved: be.free(a, n))
+                align = max(pool.alignment_bytes, gran, min(chunk, next_pow2(reserved)))
+                address = be.reserve(reserved, next_pow2(align))
+                txn.did("free", partial(be.free, address, reserved))
             memory[pool.name] = PoolMemory(pool.name, pool.size_bytes, reserved, address, chunk)
         t1 = clock()
         timings["reserve"] = (t1 - t0) * 1e3
@@ -100,7 +104,10 @@ def _apply(plan: BindingPlan, be: Backend, mode: str, chunk_size: int, owns: boo
         tensors = build_tensors(plan, pools)
         timings["views"] = (clock() - t3) * 1e3
     except BaseException as exc:
-        raise failure(txn, exc, be, "apply") from exc
+        err = failure(txn, exc, be, "apply")
+        if err is exc:
+            raise
+        raise err from exc
     if mode == "eager" and not be.reserve_commits:
         for mem in memory.values():
             mem.mapped.update(range(mem.num_chunks))

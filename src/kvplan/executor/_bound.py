@@ -96,7 +96,7 @@ class BoundKVCache:
             "mapped_bytes": self.mapped_bytes,
             "mapped_blocks": len(self._blocks),
             "tensors": len(self.tensors),
-            "timings_ms": dict(self.timings_ms),
+            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
         }
 
     # -- elastic --------------------------------------------------------------------------
@@ -151,7 +151,10 @@ class BoundKVCache:
                 txn.at("synchronize", "", 0, 0)
                 self.backend.synchronize()
         except BaseException as exc:
-            raise failure(txn, exc, self.backend, f"ensure_mapped({len(new)} blocks)") from exc
+            err = failure(txn, exc, self.backend, f"ensure_mapped({len(new)} blocks)")
+            if err is exc:
+                raise
+            raise err from exc
         for name, mem in self._memory.items():
             mem.mapped.update(todo[name])
             for c, n in refs[name].items():

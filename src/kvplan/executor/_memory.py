@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from kvplan.executor.backends.base import Backend, BackendCallError
 from kvplan.schemas.errors import Code, KVPlanError, error
@@ -62,10 +63,8 @@ def runs(chunk_ids: Iterable[int]) -> Iterator[list[int]]:
         yield run
 
 
-@dataclass
-class _Undo:
-    kind: str
-    action: Callable[[], None]
+_Undo = tuple[str, Callable[[], None]]
+"""``(kind, action)``: what a journaled step undoes and how."""
 
 
 class Transaction:
@@ -83,7 +82,7 @@ class Transaction:
         self.where = (op, pool, offset, length)
 
     def did(self, kind: str, action: Callable[[], None]) -> int:
-        self._undo.append(_Undo(kind, action))
+        self._undo.append((kind, action))
         return len(self._undo) - 1
 
     def done(self, index: int) -> None:
@@ -96,21 +95,23 @@ class Transaction:
         self._undo.clear()
         counts: dict[str, int] = {}
         errors: list[str] = []
-        if any(u.kind == "unmap" for u in pending):
+        if any(kind == "unmap" for kind, _ in pending):
             try:
                 self.backend.synchronize()
             except Exception as exc:
                 errors.append(f"synchronize: {exc}")
-        for undo in reversed(pending):
+        for kind, action in reversed(pending):
             try:
-                undo.action()
-                counts[undo.kind] = counts.get(undo.kind, 0) + 1
+                action()
+                counts[kind] = counts.get(kind, 0) + 1
             except Exception as exc:
-                errors.append(f"{undo.kind}: {exc}")
+                errors.append(f"{kind}: {exc}")
         return counts, errors
 
 
-def map_chunks(backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: Iterable[int]) -> int:
+def map_chunks(
+    backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: Iterable[int]
+) -> int:
     """Create, map and release one handle per chunk; grant access and zero per run.
 
     Returns the bytes mapped. Every step is journaled in ``txn``; the caller commits
@@ -118,27 +119,33 @@ def map_chunks(backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: 
     """
     total = 0
     zero = not backend.fresh_memory_is_zero
+    create, map_, release, unmap = backend.create, backend.map, backend.release, backend.unmap
+    did, done = txn.did, txn.done
+    name, base, chunk, reserved = pool.name, pool.address, pool.chunk, pool.reserved
     for run in runs(chunk_ids):
-        first, _ = pool.span(run[0])
-        last_off, last_len = pool.span(run[-1])
+        first = run[0] * chunk
         for c in run:
-            off, length = pool.span(c)
-            address = pool.address + off
-            txn.at("create", pool.name, off, length)
-            handle = backend.create(length)
-            rel = txn.did("release", lambda h=handle: backend.release(h))
-            txn.at("map", pool.name, off, length)
-            backend.map(address, length, handle)
-            txn.did("unmap", lambda a=address, n=length: backend.unmap(a, n))
-            txn.at("release", pool.name, off, length)
-            backend.release(handle)
-            txn.done(rel)
-        length = last_off + last_len - first
-        txn.at("set_access", pool.name, first, length)
-        backend.set_access(pool.address + first, length)
+            off = c * chunk
+            length = min(chunk, reserved - off)
+            op = "create"
+            try:
+                handle = create(length)
+                rel = did("release", partial(release, handle))
+                op = "map"
+                map_(base + off, length, handle)
+                did("unmap", partial(unmap, base + off, length))
+                op = "release"
+                release(handle)
+                done(rel)
+            except BaseException:
+                txn.at(op, name, off, length)
+                raise
+        length = min((run[-1] + 1) * chunk, reserved) - first
+        txn.at("set_access", name, first, length)
+        backend.set_access(base + first, length)
         if zero:
-            txn.at("zero", pool.name, first, length)
-            backend.zero(pool.address + first, length)
+            txn.at("zero", name, first, length)
+            backend.zero(base + first, length)
         total += length
     return total
 

@@ -75,9 +75,7 @@ def verify(
         t = tensors.get(alias.layer)
         target = tensors.get(alias.target)
         if t is None:
-            diags.append(
-                error(Code.VERIFY_MISMATCH, alias.layer, "The alias layer has no tensor.")
-            )
+            diags.append(error(Code.VERIFY_MISMATCH, alias.layer, "The alias layer has no tensor."))
         elif target is None:
             diags.append(
                 error(

@@ -12,7 +12,9 @@ from kvplan.executor.backends.base import (
     BackendCallError,
     CallLog,
     LiveResources,
+    TrackedBackend,
 )
+from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 BackendFactory = Callable[..., Backend]
@@ -63,7 +65,9 @@ __all__ = [
     "Backend",
     "BackendCallError",
     "CallLog",
+    "FaultyBackend",
     "LiveResources",
+    "TrackedBackend",
     "create_backend",
     "register_backend",
 ]

@@ -52,9 +52,9 @@ def load_driver() -> ModuleType:
     except ImportError:
         pass
     try:
-        from cuda import cuda as legacy  # type: ignore[attr-defined]
+        from cuda import cuda as legacy
 
-        return legacy  # type: ignore[no-any-return]
+        return legacy
     except ImportError:
         raise unavailable("cuda-python is not installed (no module cuda.bindings.driver)") from None
 
@@ -188,13 +188,17 @@ class CudaVmmBackend(TrackedBackend):
 
     def create(self, size: int) -> Any:
         self.calls("create")
-        handle = self._check("cuMemCreate", self._drv.cuMemCreate(size, self._prop, 0), f"{size}")
+        err, handle = self._drv.cuMemCreate(size, self._prop, 0)
+        if err != self._ok:
+            raise BackendCallError("cuMemCreate", f"{size} bytes: {self._err_text(err)}")
         self._handles[int(handle)] = size
         return handle
 
     def map(self, address: int, size: int, handle: Any) -> None:
         self.calls("map")
-        self._check("cuMemMap", self._drv.cuMemMap(address, size, 0, handle, 0), f"{size} bytes")
+        (err,) = self._drv.cuMemMap(address, size, 0, handle, 0)
+        if err != self._ok:
+            raise BackendCallError("cuMemMap", f"{size} bytes: {self._err_text(err)}")
         self._mappings[address] = size
 
     def set_access(self, address: int, size: int) -> None:
@@ -230,7 +234,9 @@ class CudaVmmBackend(TrackedBackend):
 
     def release(self, handle: Any) -> None:
         self.calls("release")
-        self._check("cuMemRelease", self._drv.cuMemRelease(handle), "handle")
+        (err,) = self._drv.cuMemRelease(handle)
+        if err != self._ok:
+            raise BackendCallError("cuMemRelease", f"handle: {self._err_text(err)}")
         self._handles.pop(int(handle), None)
 
     def free(self, address: int, size: int) -> None:

@@ -41,7 +41,7 @@ MAP_PRIVATE = 0x02
 MAP_FIXED = 0x10
 MAP_ANONYMOUS = 0x20
 MAP_NORESERVE = 0x4000
-MAP_POPULATE = 0x8000
+MADV_POPULATE_WRITE = 23
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 _counter = itertools.count()
@@ -68,6 +68,9 @@ class _Libc:
         self.mprotect = libc.mprotect
         self.mprotect.restype = ctypes.c_int
         self.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.madvise = libc.madvise
+        self.madvise.restype = ctypes.c_int
+        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 _LIBC: _Libc | None = None
@@ -98,7 +101,8 @@ class HostVmmBackend(TrackedBackend):
     """Reserve/map/unmap host memory like CUDA VMM; see the module docstring for the mapping.
 
     ``granularity``: the minimum mapping unit (default: the OS page size; pass 2 MiB to
-    mimic CUDA). ``populate``: pre-fault pages at map time (``MAP_POPULATE``).
+    mimic CUDA). ``populate``: commit pages when access is granted
+    (``madvise(MADV_POPULATE_WRITE)``, else touching them) instead of on first use.
     """
 
     name = "host-vmm"
@@ -211,7 +215,7 @@ class HostVmmBackend(TrackedBackend):
             raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"bad handle {handle}")
         if any(a < address + size and address < a + n for a, n in self._mappings.items()):
             raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"{address:#x} overlaps")
-        flags = MAP_SHARED | MAP_FIXED | (MAP_POPULATE if self._populate else 0)
+        flags = MAP_SHARED | MAP_FIXED
         got = self._c.mmap(address, size, PROT_NONE, flags, handle, 0)
         if got != address:
             raise BackendCallError(
@@ -223,6 +227,8 @@ class HostVmmBackend(TrackedBackend):
         self.calls("set_access")
         if self._c.mprotect(address, size, PROT_RW) != 0:
             raise BackendCallError("mprotect", f"{address:#x}+{size}: {_errno_text()}")
+        if self._populate and self._c.madvise(address, size, MADV_POPULATE_WRITE) != 0:
+            ctypes.memset(address, 0, size)  # kernels before 5.14: fault the pages in
 
     def unmap(self, address: int, size: int) -> None:
         self.calls("unmap")

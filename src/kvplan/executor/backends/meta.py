@@ -93,5 +93,9 @@ class MetaBackend(TrackedBackend):
 
     def free(self, address: int, size: int) -> None:
         self.calls("free")
-        if self._reservations.pop(address, None) is None:
+        length = self._reservations.get(address)
+        if length is None:
             raise BackendCallError("meta.free", f"{address:#x} is not reserved")
+        if any(address <= a < address + length for a in self._mappings):
+            raise BackendCallError("meta.free", f"mappings remain inside {address:#x}")
+        del self._reservations[address]

@@ -1,0 +1,109 @@
+"""cuda-vmm on a real GPU (``-m gpu``; skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvplan.executor import apply, verify
+from kvplan.executor.backends.faults import FaultyBackend
+from kvplan.planner.page_index import PageIndex
+from kvplan.schemas.errors import Code, KVPlanError
+from tests.executor import plans
+from tests.executor.patterns import fill_pattern, vanilla
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def backend():  # type: ignore[no-untyped-def]
+    from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
+
+    be = CudaVmmBackend()
+    yield be
+    be.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: plans.gemma_plan(num_blocks=512),
+        lambda: plans.llama_plan(num_blocks=128, ratio=2),
+        plans.two_pool_plan,
+    ],
+    ids=["gemma", "llama-split", "two-pools"],
+)
+def test_eager_matches_vanilla(make, backend) -> None:  # type: ignore[no-untyped-def]
+    plan = make()
+    raw, ref = vanilla(plan, device=backend.device)
+    fill_pattern(plan, ref)
+    with apply(plan, backend=backend) as cache:
+        assert verify(plan, cache.tensors, pools=cache.pools) == []
+        assert all(int(p.abs().sum()) == 0 for p in cache.pools.values())  # zeroed
+        fill_pattern(plan, cache.tensors)
+        torch.cuda.synchronize()
+        for name, want in raw.items():
+            assert torch.equal(cache.pools[name], want)
+    assert backend.live().clean
+
+
+@pytest.mark.parametrize("route", ["storage", "cai"])
+def test_wrap_routes_are_zero_copy(route: str) -> None:
+    from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
+
+    be = CudaVmmBackend(wrap_route=route)
+    try:
+        with apply(plans.gemma_plan(num_blocks=64), backend=be) as cache:
+            sharer = cache.tensors[plans.layer_name(30)]
+            sharer[1, 0, 2, 3] = 5.0
+            assert float(cache.tensors[plans.layer_name(13)][1, 0, 2, 3]) == 5.0
+            assert cache.pools["kv"].data_ptr() == next(iter(be._reservations))
+    finally:
+        be.close()
+
+
+def test_elastic_maps_only_requested_blocks(backend) -> None:  # type: ignore[no-untyped-def]
+    plan = plans.llama_plan(layers=4, num_blocks=256)  # 4 x 16 MiB
+    index = PageIndex(plan)
+    with apply(plan, backend=backend, mode="elastic") as cache:
+        torch.cuda.empty_cache()
+        free0, _ = backend.mem_info()
+        got = cache.ensure_mapped([0, 100])
+        want = 2 << 20
+        assert got == cache.mapped_bytes == len(index.blocks_chunks([0, 100], want)["kv"]) * want
+        free1, _ = backend.mem_info()
+        assert free0 - free1 >= got - 2 * MiB
+        t = cache.tensors[plans.layer_name(3)]
+        t[100].fill_(1.0)
+        assert float(t[100].sum()) == t[100].numel()
+        cache.release_blocks([0, 100])
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free2, _ = backend.mem_info()
+        assert cache.mapped_bytes == 0 and abs(free2 - free0) <= 2 * MiB
+
+
+def test_rollback_leaves_no_memory(backend) -> None:  # type: ignore[no-untyped-def]
+    plan = plans.llama_plan(layers=2, num_blocks=128)  # 8 chunks
+    probe = FaultyBackend(backend)
+    cache = apply(plan, backend=probe)  # type: ignore[arg-type]
+    total = probe.calls.total  # calls made by apply (close not counted)
+    cache.close()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free0, _ = backend.mem_info()
+    for n in range(total):
+        faulty = FaultyBackend(backend, fail_at=n)
+        with pytest.raises(KVPlanError) as e:
+            apply(plan, backend=faulty)  # type: ignore[arg-type]
+        assert e.value.code is Code.DRIVER_CALL_FAILED
+        assert backend.live().clean
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free1, _ = backend.mem_info()
+    assert abs(free1 - free0) <= 2 * MiB
