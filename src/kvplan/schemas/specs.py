@@ -200,49 +200,38 @@ class _Spec(BaseModel):
         return self.page_size_for_block(kernel)
 
 
-class HiSparseHotSpec(_Spec):
+class _RawStorageSpec(_Spec):
+    """A spec whose layers keep the raw backing buffer and lay it out themselves."""
+
+    page_size: int = Field(gt=0)
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.page_size
+
+    def page_size_for_block(self, block_size: int) -> int:
+        return self.page_size
+
+    @property
+    def has_layer_views(self) -> bool:
+        return False
+
+
+class HiSparseHotSpec(_RawStorageSpec):
     """Per-request HiSparse hot cache; raw storage, no per-layer views."""
 
     kind: Literal["HiSparseHotSpec"] = "HiSparseHotSpec"
-    page_size: int = Field(gt=0)
     blocks_per_request: int = Field(ge=0)
 
-    @property
-    def page_size_bytes(self) -> int:
-        return self.page_size
 
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.page_size
-
-    def page_size_for_block(self, block_size: int) -> int:
-        return self.page_size
-
-    @property
-    def has_layer_views(self) -> bool:
-        return False
-
-
-class HiSparseResidentSpec(_Spec):
+class HiSparseResidentSpec(_RawStorageSpec):
     """HiSparse resident pool; raw storage, no per-layer views."""
 
     kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"
-    page_size: int = Field(gt=0)
-
-    @property
-    def page_size_bytes(self) -> int:
-        return self.page_size
-
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.page_size
-
-    def page_size_for_block(self, block_size: int) -> int:
-        return self.page_size
-
-    @property
-    def has_layer_views(self) -> bool:
-        return False
 
 
 class AttentionSpec(_Spec):
