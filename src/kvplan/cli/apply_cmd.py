@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.table import Table
 
+from kvplan.cli._documents import load_document_as_plan
 from kvplan.cli._output import EXIT_ERROR, fail, print_json, report, stdout_console
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 from kvplan.schemas.plan import BindingPlan
@@ -77,46 +78,6 @@ def parse_blocks(text: str) -> list[int]:
         hi = int(match.group(2) or lo)
         out.extend(range(lo, hi + 1))
     return out
-
-
-def load_plan(path: Path) -> BindingPlan:
-    """Read a plan from JSON or YAML; read/parse/schema errors become ``KVPlanError``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KVPlanError(
-            error(Code.UNREADABLE, str(path), f"Cannot read the plan: {exc}.", "check the path")
-        ) from None
-    from pydantic import ValidationError
-
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise KVPlanError(
-                    error(Code.MALFORMED, str(path), f"Not valid YAML: {exc}".replace("\n", " "))
-                ) from None
-            return BindingPlan.model_validate(data)
-        return BindingPlan.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        if first.get("type") == "json_invalid":
-            raise KVPlanError(
-                error(Code.MALFORMED, str(path), f"Not valid JSON: {first.get('msg')}.")
-            ) from None
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise KVPlanError(
-            error(
-                Code.SCHEMA,
-                f"{path}:{where}" if where else str(path),
-                f"Not a kvplan.plan/1 document ({exc.error_count()} problems; first: "
-                f"{first.get('msg')}).",
-                "pass a plan made by `kvplan plan`",
-            )
-        ) from None
 
 
 def _run(
@@ -193,7 +154,7 @@ def apply_command(
     try:
         chunk = parse_size(chunk_size)
         block_ids = parse_blocks(blocks) if blocks else []
-        plan = load_plan(plan_path)
+        plan = load_document_as_plan(plan_path)
         run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
         stats, diags = _run(plan, backend.value, device, run_mode, chunk, block_ids)
     except KVPlanError as exc:

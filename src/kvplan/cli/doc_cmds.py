@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvplan.cli._documents import as_plan, load_document_as_plan
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -20,10 +21,10 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.planner import build_plan, diff_plans, validate
+from kvplan.planner import diff_plans, validate
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import KVPlanError
-from kvplan.schemas.input import InputDocument
+from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.loading import dump, dumps, load_any
 from kvplan.schemas.plan import BindingPlan
 
@@ -37,22 +38,6 @@ class DiffFormat(StrEnum):
 class SchemaName(StrEnum):
     input = "input"
     plan = "plan"
-
-
-def as_plan(obj: InputDocument | BindingPlan) -> BindingPlan:
-    """A plan as it is, or the plan of an input document (errors raise, warnings print)."""
-    if isinstance(obj, BindingPlan):
-        return obj
-    result, problems = build_plan(obj)
-    errors = [d for d in problems if d.is_error]
-    if errors or result is None:
-        raise KVPlanError(errors)
-    report(problems)
-    return result
-
-
-def _load_plan(path: Path) -> BindingPlan:
-    return as_plan(load_any(path))
 
 
 def human_bytes(n: int) -> str:
@@ -117,10 +102,77 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("-o", "--output", help="write the plan here (YAML if .yaml)")
         ] = None,
         yaml: Annotated[bool, typer.Option("--yaml", help="print YAML instead of JSON")] = False,
+        strategy: Annotated[
+            str | None,
+            typer.Option(
+                "--strategy",
+                help="legacy (vLLM 0.22-0.24) documents: vanilla | kvcached "
+                "(default: the document's binding.strategy)",
+            ),
+        ] = None,
+        pool_layout: Annotated[
+            str | None,
+            typer.Option("--pool-layout", help="kvcached pool layout: noncontiguous | contiguous"),
+        ] = None,
+        virtual_capacity: Annotated[
+            int | None,
+            typer.Option(
+                "--virtual-capacity",
+                metavar="BYTES",
+                help="kvcached: address space each pool reserves",
+            ),
+        ] = None,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
+        from typing import cast
+
+        from kvplan.planner.legacy import build_legacy_plan
+        from kvplan.schemas.errors import Code, error
+        from kvplan.schemas.legacy import PoolLayout, Strategy
+
+        options = (strategy, pool_layout, virtual_capacity)
         try:
-            plan = _load_plan(input_path)
+            for flag, value, allowed in (
+                ("--strategy", strategy, ("vanilla", "kvcached")),
+                ("--pool-layout", pool_layout, ("noncontiguous", "contiguous")),
+            ):
+                if value is not None and value not in allowed:
+                    raise KVPlanError(
+                        error(
+                            Code.UNKNOWN_ENUM,
+                            flag,
+                            f"unknown value {value!r}; expected one of: {', '.join(allowed)}",
+                        )
+                    )
+            if virtual_capacity is not None and virtual_capacity <= 0:
+                raise KVPlanError(
+                    error(Code.SCHEMA, "--virtual-capacity", "must be a positive byte count")
+                )
+            obj = load_any(input_path)
+            if isinstance(obj, LegacyInputDocument):
+                legacy, problems = build_legacy_plan(
+                    obj,
+                    strategy=cast(Strategy | None, strategy),
+                    pool_layout=cast(PoolLayout | None, pool_layout),
+                    virtual_capacity_bytes=virtual_capacity,
+                )
+                errors = [d for d in problems if d.is_error]
+                if errors or legacy is None:
+                    raise KVPlanError(errors)
+                report(problems)
+                plan = legacy
+            elif any(o is not None for o in options):
+                raise KVPlanError(
+                    error(
+                        Code.WRONG_FORMAT,
+                        str(input_path),
+                        "--strategy, --pool-layout and --virtual-capacity apply to "
+                        "kvplan.input-legacy/1 documents only",
+                        "drop the options for a kvplan.input/1 document",
+                    )
+                )
+            else:
+                plan = as_plan(obj)
         except KVPlanError as exc:
             fail(exc)
         if output is not None:
@@ -160,7 +212,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show a plan as tables: pools, views by group, aliases, memory summary."""
         try:
-            plan = _load_plan(path)
+            plan = load_document_as_plan(path)
         except KVPlanError as exc:
             fail(exc)
         if as_json:
@@ -178,7 +230,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Semantic diff keyed by pool and layer; exit 0 same, 1 different, 2 error."""
         try:
-            result = diff_plans(_load_plan(a), _load_plan(b))
+            result = diff_plans(load_document_as_plan(a), load_document_as_plan(b))
         except KVPlanError as exc:
             fail(exc)
         text = {

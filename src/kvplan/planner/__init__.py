@@ -13,6 +13,7 @@ from kvplan.planner.diff import Change, PlanDiff, diff_plans
 from kvplan.schemas.canonical import fingerprint
 from kvplan.schemas.errors import Diagnostic, KVPlanError
 from kvplan.schemas.input import InputDocument
+from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.plan import BindingPlan, Source, Summary
 
 __all__ = [
@@ -27,8 +28,14 @@ __all__ = [
 ]
 
 
-def build_plan(doc: InputDocument) -> tuple[BindingPlan | None, list[Diagnostic]]:
+def build_plan(
+    doc: InputDocument | LegacyInputDocument,
+) -> tuple[BindingPlan | None, list[Diagnostic]]:
     """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
+    if isinstance(doc, LegacyInputDocument):  # vLLM 0.22-0.24: strategy from doc.binding
+        from kvplan.planner.legacy import build_legacy_plan
+
+        return build_legacy_plan(doc)
     problems = check_input(doc)
     if any(d.is_error for d in problems):
         return None, problems
@@ -61,8 +68,10 @@ def build_plan(doc: InputDocument) -> tuple[BindingPlan | None, list[Diagnostic]
     return result, problems
 
 
-def plan(doc: InputDocument) -> BindingPlan:
+def plan(doc: InputDocument | LegacyInputDocument) -> BindingPlan:
     """The binding vLLM 0.33 would make for ``doc``, with KV-sharing aliases.
+
+    A ``kvplan.input-legacy/1`` document is planned by :func:`kvplan.planner.legacy.plan_legacy`.
 
     Raises :class:`KVPlanError` carrying every error (warnings do not raise).
     """
@@ -73,7 +82,7 @@ def plan(doc: InputDocument) -> BindingPlan:
     return result
 
 
-def validate(obj: InputDocument | BindingPlan) -> list[Diagnostic]:
+def validate(obj: InputDocument | LegacyInputDocument | BindingPlan) -> list[Diagnostic]:
     """Every error and warning for an input document or a plan (an empty list: all good)."""
     if isinstance(obj, BindingPlan):
         return check_plan(obj)

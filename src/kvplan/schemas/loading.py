@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from kvplan.schemas.canonical import to_json, to_yaml
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 from kvplan.schemas.input import INPUT_FORMAT, InputDocument
+from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.plan import PLAN_FORMAT, BindingPlan
 from kvplan.schemas.specs import SPEC_KINDS
 
@@ -191,11 +192,15 @@ def load_plan(path: str | Path) -> BindingPlan:
     return parse_plan(read_data(path), str(path))
 
 
-def load_any(path: str | Path) -> InputDocument | BindingPlan:
-    """Read either document kind, chosen by its ``format`` field."""
+def load_any(path: str | Path) -> InputDocument | LegacyInputDocument | BindingPlan:
+    """Read any document kind, chosen by its ``format`` field (input, legacy input, plan)."""
+    from kvplan.schemas.legacy import LEGACY_INPUT_FORMAT, parse_legacy
+
     data = read_data(path)
     if isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
         return parse_plan(data, str(path))
+    if isinstance(data, dict) and data.get("format") == LEGACY_INPUT_FORMAT:
+        return parse_legacy(data, str(path))
     return parse_input(data, str(path))
 
 
