@@ -124,3 +124,11 @@ def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> N
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("KVP001") and "Traceback" not in proc.stderr
+
+
+def test_every_code_is_documented() -> None:
+    from kvplan.schemas.errors import Code
+
+    text = (ROOT / "docs" / "formats.md").read_text()
+    missing = [c.value for c in Code if f"`{c.value}`" not in text]
+    assert not missing, f"add these codes to docs/formats.md: {missing}"
