@@ -1,9 +1,260 @@
-"""Placeholder: this command family is being built."""
+"""``kvplan golden check|update|add DIR``: golden plans of real models, for CI.
+
+``DIR/<model>/input.json`` is what ``kvplan inspect`` captured (its ``metadata`` records the
+model and the inspect options), ``DIR/<model>/plan.json`` the plan. ``check`` regenerates each
+plan — through vLLM, or with ``--input-only`` by re-planning the stored input — and prints a
+markdown drift report on stdout: exit 0 when every plan is identical, 1 on drift, 2 when a
+model could not be regenerated.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+from kvplan.cli._output import (
+    EXIT_DIFFERENT,
+    EXIT_ERROR,
+    fail,
+    print_data,
+    stderr_console,
+)
+from kvplan.schemas.canonical import to_data
+from kvplan.schemas.errors import Code, KVPlanError, error
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.inspect import InspectOptions
+    from kvplan.schemas.input import InputDocument
+    from kvplan.schemas.plan import BindingPlan
+
+INPUT_ONLY = typer.Option("--input-only", help="skip vLLM: re-plan the stored input documents")
+INPUT_NAME = "input.json"
+PLAN_NAME = "plan.json"
+
+
+@dataclass
+class Outcome:
+    """One golden model: what was stored, what was regenerated, and how they differ."""
+
+    name: str
+    stored_plan: BindingPlan | None = None
+    document: InputDocument | None = None
+    plan: BindingPlan | None = None
+    input_changed: bool = False
+    markdown: str = ""
+    same: bool = False
+    error: str = ""
+
+
+def golden_dirs(root: Path) -> list[Path]:
+    """Every ``<model>`` folder of ``root`` holding an ``input.json``, sorted."""
+    if (root / INPUT_NAME).is_file():
+        return [root]
+    if not root.is_dir():
+        raise KVPlanError(error(Code.UNREADABLE, str(root), "no such golden directory."))
+    return sorted(child for child in root.iterdir() if (child / INPUT_NAME).is_file())
+
+
+def options_of(document: InputDocument) -> tuple[str, InspectOptions, int]:
+    """The model, inspect options and TP rank recorded in a golden input's metadata."""
+    from kvplan.integrations.vllm.inspect import InspectOptions
+
+    meta = document.metadata
+    inspect_meta = meta.get("inspect")
+    if "model" not in meta or not isinstance(inspect_meta, dict):
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                "metadata",
+                "the input document does not say how it was made (metadata.model and "
+                "metadata.inspect.options are written by `kvplan inspect`).",
+                "regenerate it with `kvplan golden add`, or use --input-only.",
+            )
+        )
+    options = InspectOptions.from_metadata(inspect_meta.get("options", {}))
+    return str(meta["model"]), options, int(meta.get("tp_rank", 0))
+
+
+def regenerate(folder: Path, input_only: bool) -> Outcome:
+    """Load the stored pair and regenerate the plan (through vLLM unless ``input_only``)."""
+    from kvplan.planner import diff_plans, plan
+    from kvplan.schemas.loading import load_input, load_plan
+
+    outcome = Outcome(name=folder.name)
+    try:
+        stored_input = load_input(folder / INPUT_NAME)
+        plan_path = folder / PLAN_NAME
+        outcome.stored_plan = load_plan(plan_path) if plan_path.is_file() else None
+        if input_only:
+            outcome.document = stored_input
+            outcome.plan = plan(stored_input)
+        else:
+            from kvplan.integrations.vllm.inspect import inspect_model
+
+            model, options, rank = options_of(stored_input)
+            result = inspect_model(model, options)
+            outcome.document = result.documents[rank]
+            outcome.plan = result.plans[rank]
+            outcome.input_changed = to_data(outcome.document) != to_data(stored_input)
+    except KVPlanError as exc:
+        outcome.error = "; ".join(d.render() for d in exc.diagnostics)
+        return outcome
+    if outcome.stored_plan is None:
+        outcome.markdown = f"`{PLAN_NAME}` is missing.\n"
+        return outcome
+    diff = diff_plans(outcome.stored_plan, outcome.plan)
+    outcome.same = diff.same and not outcome.input_changed
+    outcome.markdown = diff.to_markdown()
+    if outcome.input_changed and diff.same:
+        outcome.markdown = "The captured input document changed; the plan did not.\n"
+    return outcome
+
+
+def report(outcomes: list[Outcome], input_only: bool) -> str:
+    """The markdown drift report."""
+    how = "re-planned from the stored inputs" if input_only else "regenerated through vLLM"
+    drift = [o for o in outcomes if not o.same and not o.error]
+    errors = [o for o in outcomes if o.error]
+    lines = [
+        "# kvplan golden check",
+        "",
+        f"{len(outcomes)} model(s) {how}: {len(outcomes) - len(drift) - len(errors)} identical, "
+        f"{len(drift)} drifted, {len(errors)} failed.",
+        "",
+        "| model | result |",
+        "|---|---|",
+    ]
+    for o in outcomes:
+        status = "error" if o.error else ("identical" if o.same else "**drift**")
+        lines.append(f"| `{o.name}` | {status} |")
+    for o in outcomes:
+        if o.error:
+            lines += ["", f"## `{o.name}`: error", "", o.error]
+        elif not o.same:
+            lines += ["", f"## `{o.name}`: drift", "", o.markdown.rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def write_pair(folder: Path, document: InputDocument, plan: BindingPlan) -> None:
+    from kvplan.schemas.loading import dump
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dump(document, folder / INPUT_NAME)
+    dump(plan, folder / PLAN_NAME)
+
+
+def slug(model: str) -> str:
+    """Folder name for a model id or path: ``org__name``."""
+    return model.strip("/").replace("/", "__") if "/" in model else Path(model).name
+
+
+def _narrate(message: str) -> None:
+    stderr_console().print(message, markup=False, highlight=False)
+
+
+def _prepare(input_only: bool) -> None:
+    if input_only:
+        return
+    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+
+    if not vllm_available():
+        _narrate(f"kvplan golden needs vLLM to regenerate plans: {VLLM_EXTRA_HINT}")
+        raise typer.Exit(EXIT_ERROR)
+    prepare_environment(quiet=True)
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    golden = typer.Typer(
+        name="golden",
+        help="Golden plans of real models for CI: check, update, add.",
+        no_args_is_help=True,
+    )
+    app.add_typer(golden, name="golden")
+
+    @golden.command("check")
+    def check_cmd(
+        directory: Annotated[Path, typer.Argument(metavar="DIR", help="golden directory")],
+        input_only: Annotated[bool, INPUT_ONLY] = False,
+    ) -> None:
+        """Regenerate every golden plan and diff it; markdown report on stdout."""
+        _prepare(input_only)
+        try:
+            folders = golden_dirs(directory)
+        except KVPlanError as exc:
+            fail(exc)
+        outcomes = []
+        for folder in folders:
+            _narrate(f"checking {folder.name}")
+            outcomes.append(regenerate(folder, input_only))
+        print_data(report(outcomes, input_only))
+        if any(o.error for o in outcomes):
+            raise typer.Exit(EXIT_ERROR)
+        if not all(o.same for o in outcomes):
+            raise typer.Exit(EXIT_DIFFERENT)
+
+    @golden.command("update")
+    def update_cmd(
+        directory: Annotated[Path, typer.Argument(metavar="DIR", help="golden directory")],
+        input_only: Annotated[bool, INPUT_ONLY] = False,
+    ) -> None:
+        """Regenerate and rewrite every golden input and plan."""
+        _prepare(input_only)
+        try:
+            folders = golden_dirs(directory)
+        except KVPlanError as exc:
+            fail(exc)
+        failed = False
+        for folder in folders:
+            outcome = regenerate(folder, input_only)
+            if outcome.error or outcome.document is None or outcome.plan is None:
+                _narrate(f"{folder.name}: {outcome.error}")
+                failed = True
+                continue
+            write_pair(folder, outcome.document, outcome.plan)
+            _narrate(f"{folder.name}: {'unchanged' if outcome.same else 'updated'}")
+        if failed:
+            raise typer.Exit(EXIT_ERROR)
+
+    @golden.command("add")
+    def add_cmd(
+        directory: Annotated[Path, typer.Argument(metavar="DIR", help="golden directory")],
+        model: Annotated[str, typer.Argument(metavar="MODEL", help="as for kvplan inspect")],
+        name: Annotated[
+            str | None, typer.Option("--name", help="folder name (default: org__name)")
+        ] = None,
+        gpu_memory: Annotated[str, typer.Option("--gpu-memory")] = "80GiB",
+        gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+        num_blocks: Annotated[int | None, typer.Option("--num-blocks")] = None,
+        max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
+        kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+        block_size: Annotated[int | None, typer.Option("--block-size")] = None,
+        tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
+        layout: Annotated[str | None, typer.Option("--layout")] = None,
+        no_hybrid: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
+    ) -> None:
+        """Inspect MODEL and store its input and plan as DIR/<name>/{input,plan}.json."""
+        from kvplan.cli.inspect_cmd import parse_size
+        from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
+
+        _prepare(False)
+        options = InspectOptions(
+            gpu_memory=parse_size(gpu_memory),
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            tp=tp,
+            layout=layout,
+            disable_hybrid_kv_cache_manager=no_hybrid,
+        )
+        try:
+            result = inspect_model(model, options)
+        except KVPlanError as exc:
+            fail(exc)
+        folder = directory / (name or slug(result.model.name))
+        write_pair(folder, result.document, result.plan)
+        _narrate(f"wrote {folder / INPUT_NAME} and {folder / PLAN_NAME}")

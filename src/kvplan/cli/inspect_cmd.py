@@ -1,9 +1,373 @@
-"""Placeholder: this command family is being built."""
+"""``kvplan inspect MODEL``: how the installed vLLM would lay out a model's KV cache."""
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
 import typer
+from rich.table import Table
+
+from kvplan.cli._output import (
+    EXIT_DIFFERENT,
+    EXIT_ERROR,
+    fail,
+    print_data,
+    stderr_console,
+    stdout_console,
+)
+from kvplan.schemas.canonical import to_data
+from kvplan.schemas.errors import KVPlanError
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.inspect import InspectOptions, InspectResult
+    from kvplan.schemas.input import InputDocument
+    from kvplan.schemas.plan import BindingPlan
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+_UNITS.update({f"{u}B": v for u, v in list(_UNITS.items()) if u not in ("", "B")})
+_UNITS.update({f"{u}IB": 1 << (10 * i) for i, u in enumerate("KMGT", start=1)})
+
+
+def parse_size(text: str) -> int:
+    """``80GiB``, ``80G`` (10^9), ``1.5TiB``, ``1024`` → bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS:
+        raise typer.BadParameter(f"cannot read size {text!r} (try 80GiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def human_bytes(n: float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def bundle(document: InputDocument, plan: BindingPlan) -> dict[str, Any]:
+    """What ``--json``/``--yaml``/``-o`` write: the input document and its plan."""
+    return {"input": to_data(document), "plan": to_data(plan)}
+
+
+def _dump(data: dict[str, Any], as_yaml: bool) -> str:
+    import json
+
+    import yaml
+
+    if as_yaml:
+        return str(yaml.safe_dump(data, sort_keys=False, width=100))
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def list_catalog() -> None:
+    from kvplan.catalog import entries
+
+    table = Table(title="bundled models (kvplan inspect ORG/NAME)")
+    table.add_column("model")
+    table.add_column("directory")
+    for entry in entries():
+        table.add_row(entry.model_id, entry.slug)
+    stdout_console().print(table)
+
+
+def run_inspect(model: str, options: InspectOptions, *, quiet: bool) -> InspectResult:
+    """:func:`inspect_model` with a rich status line on stderr."""
+    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+
+    if not vllm_available():
+        stderr_console().print(
+            f"kvplan inspect needs vLLM: {VLLM_EXTRA_HINT}", markup=False, highlight=False
+        )
+        raise typer.Exit(EXIT_ERROR)
+    prepare_environment(quiet=quiet)
+    from kvplan.integrations.vllm.inspect import inspect_model
+
+    console = stderr_console()
+    with console.status(f"loading vLLM to inspect {model}…") as status:
+
+        def progress(message: str) -> None:
+            status.update(f"{message}…")
+
+        return inspect_model(model, options, progress)
+
+
+def _short(layer: str) -> str:
+    """``13`` for ``….layers.13.self_attn.attn``; the name itself otherwise."""
+    match = re.search(r"layers\.(\d+)\.", layer)
+    return match.group(1) if match else layer
+
+
+def _kind(kind: str) -> str:
+    return kind.removesuffix("Spec").removesuffix("KVCache")
+
+
+def _dims(values: list[int]) -> str:
+    return "×".join(str(v) for v in values)
+
+
+def _prefix(names: list[str]) -> str:
+    """The longest common prefix of ``names`` ending in a dot."""
+    if not names:
+        return ""
+    common = names[0]
+    for name in names[1:]:
+        while not name.startswith(common):
+            common = common[:-1]
+    return common[: common.rfind(".") + 1]
+
+
+def _suffix(names: list[str]) -> str:
+    """The longest common suffix of ``names`` starting with a dot."""
+    reversed_prefix = _prefix([name[::-1] for name in names])
+    return reversed_prefix[::-1]
+
+
+def _per_token(spec: Any, layers: int) -> float:
+    return float(spec.page_size_bytes) * layers / spec.block_size
+
+
+def render(result: InspectResult) -> None:
+    """Human output (rich tables on stdout)."""
+    from kvplan.schemas.specs import UniformTypeKVCacheSpecs, layer_spec
+
+    console = stdout_console()
+    doc, plan = result.document, result.plan
+    config = doc.kv_cache_config
+    s = plan.summary
+    tp = f"  TP={result.options.tp} (rank 0 shown)" if result.options.tp > 1 else ""
+    console.print(
+        f"[bold]{result.model.name}[/bold]  ({result.model.source}, {result.architecture})"
+    )
+    console.print(
+        f"vLLM {doc.vllm_version}  layout {result.layout}  max_model_len {result.max_model_len:,}  "
+        f"KV memory {human_bytes(result.kv_memory_bytes)}  weights as built "
+        f"{human_bytes(result.weight_bytes)}{tp}"
+    )
+    console.print(
+        f"[bold]{result.attention_layers} layers[/bold]: {s.tensor_backed_layers} tensor-backed, "
+        f"{s.aliased_layers} aliases (KV sharing)"
+    )
+    group_of = {view.layer: view.group for view in plan.views}
+    sharers: dict[str, list[str]] = defaultdict(list)
+    for alias in plan.aliases:
+        sharers[alias.target].append(alias.layer)
+    kbs = doc.kernel_block_sizes or []
+    groups = Table(title="groups")
+    for column in ("#", "kind", "block", "kernel", "page", "layers", "aliases", "B/token"):
+        groups.add_column(column, justify="left" if column in ("kind", "layers") else "right")
+    stored = 0.0
+    for gid, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        kind = _kind(spec.kind)
+        per_token = _per_token(
+            spec, 1 if isinstance(spec, UniformTypeKVCacheSpecs) else len(group.layer_names)
+        )
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            kind += f"[{_kind(spec.first_spec.kind)}]"
+        mamba = "Mamba" in kind
+        stored += 0.0 if mamba else per_token
+        groups.add_row(
+            str(gid),
+            kind,
+            str(spec.block_size),
+            str(kbs[gid]) if gid < len(kbs) else "-",
+            human_bytes(spec.page_size_bytes),
+            ",".join(_short(name) for name in group.layer_names),
+            str(sum(len(sharers.get(name, [])) for name in group.layer_names)),
+            "-" if mamba else f"{per_token:,.0f}",
+        )
+    console.print(groups)
+    console.print(
+        f"KV bytes per token: {stored:,.0f} (tensor-backed attention layers); "
+        f"{config.num_blocks:,} blocks; tokens that fit: {result.capacity_tokens:,} "
+        f"(max concurrency {result.max_concurrency:.2f}x at {result.max_model_len:,} tokens)"
+    )
+    pools = Table(title="pools")
+    for column in ("name", "size", "bytes", "alignment", "blocks"):
+        pools.add_column(column, justify="left" if column == "name" else "right")
+    for pool in plan.pools:
+        pools.add_row(
+            pool.name,
+            human_bytes(pool.size_bytes),
+            f"{pool.size_bytes:,}",
+            str(pool.alignment_bytes),
+            f"{pool.num_blocks:,}",
+        )
+    console.print(pools)
+    prefix, suffix = _prefix(plan.layers), _suffix(plan.layers)
+    if len(prefix) + len(suffix) >= min(len(name) for name in plan.layers):
+        prefix = suffix = ""
+
+    def short(name: str) -> str:
+        return name.removeprefix(prefix).removesuffix(suffix)
+
+    named = f" (layer = {prefix}<layer>{suffix})" if prefix or suffix else ""
+    views = Table(title=f"views by group{named}")
+    for column in ("group", "layer", "dtype", "shape", "stride", "offset"):
+        views.add_column(column, justify="right" if column in ("group", "offset") else "left")
+    for view in sorted(plan.views, key=lambda v: (v.group, v.offset_bytes)):
+        views.add_row(
+            str(view.group),
+            short(view.layer),
+            view.dtype,
+            _dims(view.shape),
+            _dims(view.stride),
+            str(view.offset_bytes),
+        )
+    console.print(views)
+    if not plan.aliases:
+        return
+    aliases = Table(title="aliases (KV sharing: bound to the target's tensor)")
+    for column in ("target", "group", "sharers"):
+        aliases.add_column(column, justify="right" if column == "group" else "left")
+    saved = 0.0
+    for target, names in sharers.items():
+        aliases.add_row(
+            short(target),
+            str(group_of.get(target, "-")),
+            ",".join(_short(name) for name in names),
+        )
+        target_group = group_of.get(target)
+        if target_group is not None:
+            target_spec = layer_spec(config.kv_cache_groups[target_group].kv_cache_spec, target)
+            if target_spec is not None:
+                saved += _per_token(target_spec, len(names))
+    console.print(aliases)
+    share = f" ({saved / (saved + stored):.0%} of {saved + stored:,.0f})" if stored else ""
+    console.print(
+        f"KV sharing saves {saved:,.0f} B/token{share}; "
+        f"{human_bytes(s.alias_saved_bytes)} ({s.alias_saved_bytes:,} bytes) at "
+        f"{config.num_blocks:,} blocks"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command("inspect")
+    def inspect_cmd(
+        model: Annotated[
+            str | None,
+            typer.Argument(
+                metavar="MODEL",
+                help="local directory or config.json, bundled catalog name, or Hugging Face id",
+            ),
+        ] = None,
+        gpu_memory: Annotated[
+            str, typer.Option("--gpu-memory", help="GPU memory to plan for, e.g. 80GiB")
+        ] = "80GiB",
+        gpu_memory_utilization: Annotated[
+            float,
+            typer.Option(
+                "--gpu-memory-utilization",
+                help="fraction of --gpu-memory for the KV cache (KV = memory x this)",
+            ),
+        ] = 0.9,
+        reserve_weights: Annotated[
+            bool,
+            typer.Option(
+                "--reserve-weights", help="subtract the weights (as built) from the KV memory"
+            ),
+        ] = False,
+        num_blocks: Annotated[
+            int | None, typer.Option("--num-blocks", help="vLLM's --num-gpu-blocks-override")
+        ] = None,
+        max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
+        kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
+        block_size: Annotated[int | None, typer.Option("--block-size")] = None,
+        tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size", min=1)] = 1,
+        layout: Annotated[
+            str | None, typer.Option("--layout", help="KV cache layout, e.g. LBNHC, BLHNC")
+        ] = None,
+        no_hybrid: Annotated[
+            bool,
+            typer.Option(
+                "--disable-hybrid-kv-cache-manager", help="as vLLM's flag of the same name"
+            ),
+        ] = False,
+        attention_backend: Annotated[
+            str | None, typer.Option("--attention-backend", help="vLLM backend name")
+        ] = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="print the input document and plan as JSON")
+        ] = False,
+        as_yaml: Annotated[bool, typer.Option("--yaml", help="print them as YAML")] = False,
+        output: Annotated[
+            Path | None,
+            typer.Option("-o", "--output", help="write the input document and plan here"),
+        ] = None,
+        verify: Annotated[
+            bool,
+            typer.Option(
+                "--verify", help="check the plan against vLLM's allocate_kv_cache (meta device)"
+            ),
+        ] = False,
+        list_models: Annotated[bool, typer.Option("--list", help="list the catalog")] = False,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show vLLM's logs")] = False,
+    ) -> None:
+        """Ask the installed vLLM how it lays out MODEL's KV cache; capture and plan it."""
+        from kvplan.integrations.vllm.inspect import InspectOptions
+
+        if list_models:
+            list_catalog()
+            return
+        if model is None:
+            raise typer.BadParameter("MODEL is required (or pass --list)")
+        options = InspectOptions(
+            gpu_memory=parse_size(gpu_memory),
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            tp=tp,
+            layout=layout,
+            disable_hybrid_kv_cache_manager=no_hybrid,
+            attention_backend=attention_backend,
+            reserve_weights=reserve_weights,
+        )
+        try:
+            result = run_inspect(model, options, quiet=not verbose)
+        except KVPlanError as exc:
+            fail(exc)
+        data = bundle(result.document, result.plan)
+        if output is not None:
+            as_yaml_file = as_yaml or output.suffix in (".yaml", ".yml")
+            output.write_text(_dump(data, as_yaml_file))
+            stderr_console().print(f"wrote {output}", markup=False)
+        if as_json or as_yaml:
+            print_data(_dump(data, as_yaml))
+        else:
+            render(result)
+        for note in result.notes:
+            stderr_console().print(f"note: {note}", markup=False)
+        stderr_console().print(f"inspected in {result.seconds:.1f} s", markup=False)
+        if verify:
+            problems = verify_result(result)
+            if problems:
+                for line in problems:
+                    stderr_console().print(line, markup=False)
+                raise typer.Exit(EXIT_DIFFERENT)
+            stderr_console().print(
+                "verified: every view and alias equals vLLM's allocate_kv_cache", markup=False
+            )
+
+
+def verify_result(result: InspectResult) -> list[str]:
+    """Differences between each rank's plan and vLLM's tensors (meta device)."""
+    from kvplan.integrations.vllm.capture import to_vllm
+    from kvplan.integrations.vllm.fidelity import compare, vllm_kv_caches
+
+    problems: list[str] = []
+    for rank, (doc, plan) in enumerate(zip(result.documents, result.plans, strict=True)):
+        caches = vllm_kv_caches(
+            to_vllm(doc, with_sharers=True),
+            result.layout,
+            doc.kernel_block_sizes,
+            doc.shared_kv_cache_layers,
+        )
+        problems += [f"rank {rank}: {line}" for line in compare(plan, caches)]
+    return problems

@@ -33,6 +33,7 @@ __all__ = [
     "InspectResult",
     "capture",
     "inspect_model",
+    "prepare_environment",
     "require_vllm",
     "to_vllm",
     "vllm_available",
@@ -42,6 +43,28 @@ __all__ = [
 def vllm_available() -> bool:
     """Whether vLLM is importable (checked without importing it)."""
     return importlib.util.find_spec("vllm") is not None
+
+
+def prepare_environment(quiet: bool = False) -> None:
+    """Environment vLLM reads at import: the CPU platform when there is no CUDA GPU.
+
+    ``quiet`` lowers vLLM's and transformers' logging to errors (unless the user set them).
+    Call before vLLM is first imported.
+    """
+    import os
+
+    if "VLLM_TARGET_DEVICE" not in os.environ and not _cuda_visible():
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    if quiet:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TORCH_LOGS", "-all")
+
+
+def _cuda_visible() -> bool:
+    import shutil
+
+    return shutil.which("nvidia-smi") is not None
 
 
 def require_vllm() -> None:

@@ -19,12 +19,14 @@ Everything runs inside :func:`~kvplan.integrations.vllm._emulation.cuda_platform
 from __future__ import annotations
 
 import copy
+import pickle
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,10 @@ class BuildOptions:
     attention_backend: str | None = None
     dtype: str = "auto"
     hf_overrides: Mapping[str, Any] | None = None
+    kv_cache_dtype_skip_layers: tuple[str, ...] = ()
+    """Layer indices or ``sliding_window`` left unquantized (mixed precision, padded pages)."""
+    language_model_only: bool = True
+    """Skip vision/audio towers: they hold no KV cache (and may need extra packages)."""
 
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments of vLLM's ``EngineArgs``."""
@@ -66,7 +72,10 @@ class BuildOptions:
             "kv_cache_dtype": self.kv_cache_dtype,
             "tensor_parallel_size": self.tp,
             "disable_hybrid_kv_cache_manager": self.disable_hybrid_kv_cache_manager,
+            "language_model_only": self.language_model_only,
         }
+        if self.kv_cache_dtype_skip_layers:
+            args["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
         optional = {
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
@@ -118,8 +127,10 @@ def _init_parallel(vllm_config: VllmConfig, rank: int, init_method: str) -> None
     import torch.distributed as dist
     from vllm.config import set_current_vllm_config
     from vllm.distributed.parallel_state import (
-        ensure_model_parallel_initialized,
+        destroy_model_parallel,
         init_distributed_environment,
+        initialize_model_parallel,
+        model_parallel_is_initialized,
     )
 
     tp = vllm_config.parallel_config.tensor_parallel_size
@@ -132,7 +143,10 @@ def _init_parallel(vllm_config: VllmConfig, rank: int, init_method: str) -> None
                 distributed_init_method=init_method,
                 backend="gloo",
             )
-        ensure_model_parallel_initialized(tp, 1)
+        if model_parallel_is_initialized():
+            # Groups depend on the model (the EP group exists only for MoE models).
+            destroy_model_parallel()
+        initialize_model_parallel(tp, 1)
 
 
 def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
@@ -143,9 +157,12 @@ def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import set_default_torch_dtype
     from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec, get_shared_kv_cache_layers
 
-    with set_current_vllm_config(vllm_config), torch.device("meta"):
+    # As BaseModelLoader.load_model does, with the meta device as the target.
+    dtype: torch.dtype = vllm_config.model_config.dtype  # type: ignore[assignment]  # resolved
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(dtype), torch.device("meta"):
         model = initialize_model(vllm_config=vllm_config)
     with set_current_vllm_config(vllm_config):
         # What the executor does after load_model (uniproc_executor.py, multiproc_executor.py).
@@ -160,7 +177,9 @@ def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
         specs=specs,
         shared_kv_cache_layers=shared,
         backends={name: layer.get_attn_backend() for name, layer in layers.items()},
-        num_heads_q={name: int(getattr(layer, "num_heads", 0) or 0) for name, layer in layers.items()},
+        num_heads_q={
+            name: int(getattr(layer, "num_heads", 0) or 0) for name, layer in layers.items()
+        },
         weight_bytes=int(weights),
         architecture=type(model).__name__,
         num_layers=len(layers),
@@ -169,7 +188,7 @@ def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
 
 
 def _rank_main(options: BuildOptions, rank: int, init_method: str) -> WorkerSpecs:
-    """Entry point of a spawned TP rank."""
+    """What one TP rank runs (in its own process)."""
     with cuda_platform():
         vllm_config = make_vllm_config(options)
         _init_parallel(vllm_config, rank, init_method)
@@ -180,16 +199,53 @@ def collect_worker_specs(options: BuildOptions, vllm_config: VllmConfig) -> list
     """Every TP rank's :class:`WorkerSpecs` (rank 0 first).
 
     ``tp == 1`` builds in this process (as vLLM's uniproc executor does, so ``vllm_config``
-    receives the worker's block-size update); ``tp > 1`` spawns one process per rank.
+    receives the worker's block-size update); ``tp > 1`` starts one Python process per rank
+    (``python -m kvplan.integrations.vllm._rank``), joined by a gloo group.
     """
-    if options.tp == 1:
-        with tempfile.TemporaryDirectory(prefix="kvplan-dist-") as tmp:
-            _init_parallel(vllm_config, 0, f"file://{Path(tmp) / 'store'}")
-        return [build_worker_specs(vllm_config, 0)]
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    with ProcessPoolExecutor(max_workers=options.tp, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_rank_main, options, rank, init_method) for rank in range(options.tp)]
-        return [future.result() for future in futures]
+    if options.tp == 1:
+        # The world (size 1) stays up for the process; model-parallel groups are rebuilt.
+        _init_parallel(vllm_config, 0, init_method)
+        return [build_worker_specs(vllm_config, 0)]
+    with tempfile.TemporaryDirectory(prefix="kvplan-tp-") as tmp:
+        request = Path(tmp) / "request.pkl"
+        request.write_bytes(pickle.dumps((options, init_method)))
+        logs = [(Path(tmp) / f"rank{rank}.log").open("wb") for rank in range(options.tp)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "kvplan.integrations.vllm._rank", tmp, str(rank)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            for rank, log in enumerate(logs)
+        ]
+        _wait_all(procs)
+        results = []
+        for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+            log.close()
+            if proc.returncode != 0:
+                text = (Path(tmp) / f"rank{rank}.log").read_text(errors="replace")
+                tail = text.strip().splitlines()[-5:]
+                raise RuntimeError(f"TP rank {rank} failed: " + " | ".join(tail))
+            results.append(pickle.loads((Path(tmp) / f"rank{rank}.pkl").read_bytes()))
+    return results
+
+
+RANK_TIMEOUT_S = 900.0
+
+
+def _wait_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Wait for every rank; when one fails (or time runs out), stop the others."""
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    while any(proc.poll() is None for proc in procs):
+        failed = any(proc.returncode not in (None, 0) for proc in procs)
+        if failed or time.monotonic() > deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            return
+        time.sleep(0.1)
 
 
 @dataclass
@@ -200,6 +256,10 @@ class KVCachePlan:
     scheduler_config: KVCacheConfig
     layout: str
     available_memory: list[int]
+    capacity_tokens: int = 0
+    """vLLM's "KV cache size" in tokens (group-aware)."""
+    max_concurrency: float = 0.0
+    """Requests of ``max_model_len`` tokens that fit at once."""
 
 
 def plan_kv_cache(
@@ -215,6 +275,7 @@ def plan_kv_cache(
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
+        get_kv_cache_capacity,
         resolve_cache_hit_alignment_tokens,
         resolve_kv_cache_block_sizes,
     )
@@ -258,7 +319,10 @@ def plan_kv_cache(
         for config in (*configs, scheduler):
             config.hash_block_size = hash_block_size
             config.cache_hit_alignment_tokens = alignment
-    return KVCachePlan(configs, scheduler, layout.name, memory)
+        tokens, concurrency = (
+            get_kv_cache_capacity(vllm_config, scheduler) if scheduler.kv_cache_groups else (0, 0.0)
+        )
+    return KVCachePlan(configs, scheduler, layout.name, memory, tokens, concurrency)
 
 
 def _distinct(backends: Mapping[str, type[AttentionBackend]]) -> list[type[AttentionBackend]]:

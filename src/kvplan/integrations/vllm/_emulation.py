@@ -5,10 +5,10 @@ class methods of the CPU platform decide what ends up in the KV-cache specs, and
 swapped for the CUDA behaviour inside :func:`cuda_platform`:
 
 * ``get_attn_backend_cls``: a backend vLLM or the user (``--attention-backend``) selected is
-  honoured; otherwise
-  FlashAttention (FlashAttention 3 on an H100/H200), TritonAttention for KV dtypes
-  FlashAttention does not store (e.g. ``int8_per_token_head``), and TritonMLA for MLA
-  (FlashMLA's kernels cannot be loaded without CUDA);
+  honoured; otherwise FlashAttention for unquantized KV, TritonAttention for quantized KV
+  and attention sinks (FlashAttention's checks for those need CUDA kernels; the spec, kernel
+  block sizes and layouts are the same), and TritonMLA for MLA (FlashMLA's kernels cannot
+  be loaded without CUDA);
 * ``check_and_update_config``: the CPU one forces MLA ``block_size=16``, a float32 SSM
   state and the ``SD`` conv-state layout; the CUDA one changes none of these;
 * ``update_block_size_for_backend``: the CUDA platform uses the base ``Platform`` rule.
@@ -24,18 +24,21 @@ from typing import Any
 FLASH_ATTN = "FLASH_ATTN"
 TRITON_ATTN = "TRITON_ATTN"
 TRITON_MLA = "TRITON_MLA"
+UNQUANTIZED = ("auto", "float16", "bfloat16")
 
 
-def default_backend_name(kv_cache_dtype: str | None, use_mla: bool, head_size: int) -> str:
+def default_backend_name(
+    kv_cache_dtype: str | None, use_mla: bool, head_size: int, has_sink: bool = False
+) -> str:
     """The ``AttentionBackendEnum`` name kvplan plans with when nothing else selects one."""
     if use_mla:
         return TRITON_MLA
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-
-    dtype = kv_cache_dtype or "auto"
-    if dtype in FlashAttentionBackend.supported_kv_cache_dtypes and head_size % 8 == 0:
-        return FLASH_ATTN
-    return TRITON_ATTN
+    if has_sink or (kv_cache_dtype or "auto") not in UNQUANTIZED or head_size % 8:
+        # FlashAttention's sink and quantized-KV paths check the installed kernels while the
+        # layer is built, which fails without CUDA; TritonAttention gives the same spec,
+        # kernel block sizes and layouts (and is what vLLM uses for per-token-head modes).
+        return TRITON_ATTN
+    return FLASH_ATTN
 
 
 def _cuda_check_and_update_config(vllm_config: Any) -> None:
@@ -59,7 +62,11 @@ def cuda_platform() -> Iterator[None]:
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    if current_platform.is_cuda():  # a real GPU answers for itself
+        yield
+        return
     platform_cls = type(current_platform)
+
     def get_attn_backend_cls(
         cls: type, selected_backend: Any, attn_selector_config: Any, *args: Any, **kwargs: Any
     ) -> str:
@@ -69,6 +76,7 @@ def cuda_platform() -> Iterator[None]:
                 attn_selector_config.kv_cache_dtype,
                 attn_selector_config.use_mla,
                 attn_selector_config.head_size,
+                attn_selector_config.has_sink,
             )
             chosen = AttentionBackendEnum[name]
         return str(chosen.get_path())

@@ -176,6 +176,7 @@ def capture(
 
 def _all_subclasses(cls: type) -> list[type]:
     found: list[type] = []
+    sub: type
     for sub in cls.__subclasses__():
         found.append(sub)
         found.extend(_all_subclasses(sub))
@@ -251,7 +252,7 @@ def _decode(hint: Any, value: Any) -> Any:
         return _decode_spec(value)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if hint.__name__ == "MultipleOf":
-            return hint(value["multiple_of"])
+            return typing.cast(Any, hint)(value["multiple_of"])
         return _decode_dataclass(hint, value)
     return value
 

@@ -1,0 +1,338 @@
+"""``kvplan inspect MODEL``: ask the installed vLLM how it would lay out a model's KV cache.
+
+The model is built on the ``meta`` device under the CPU platform answering as CUDA would (see
+``_emulation``); vLLM groups and places the layers for the requested memory; the worker's
+config is captured and planned. KV memory is ``gpu_memory * gpu_memory_utilization``
+(minus the weights as built when ``reserve_weights`` is set) — vLLM's profiling of
+activations is not modelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from kvplan.catalog import lookup
+from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.input import InputDocument
+from kvplan.schemas.plan import BindingPlan
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """What to plan for; mirrors ``vllm serve`` flags. Recorded in the document's metadata."""
+
+    gpu_memory: int = 80 * GiB
+    gpu_memory_utilization: float = 0.9
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    tp: int = 1
+    layout: str | None = None
+    disable_hybrid_kv_cache_manager: bool = False
+    attention_backend: str | None = None
+    reserve_weights: bool = False
+    ignore_weight_quantization: bool = False
+    """Build without the checkpoint's weight quantization (it does not change the KV cache)."""
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The options as JSON data, defaults omitted."""
+        default = InspectOptions()
+        return {key: value for key, value in asdict(self).items() if getattr(default, key) != value}
+
+    @classmethod
+    def from_metadata(cls, data: Mapping[str, Any]) -> InspectOptions:
+        """Options from :meth:`to_metadata` data (unknown keys are an error)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise KVPlanError(
+                error(
+                    Code.SCHEMA,
+                    "metadata.inspect.options",
+                    f"unknown inspect option(s): {sorted(unknown)}.",
+                )
+            )
+        return cls(**dict(data))
+
+    @property
+    def kv_memory_bytes(self) -> int:
+        return int(self.gpu_memory * self.gpu_memory_utilization)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a MODEL argument points."""
+
+    name: str
+    """What the user asked for (an id or a path), as recorded in metadata."""
+    path: Path
+    """Directory holding ``config.json``."""
+    source: str
+    """``local``, ``catalog`` or ``huggingface-cache``."""
+
+
+def resolve_model(model: str) -> ResolvedModel:
+    """A directory or ``config.json``, a bundled catalog name, or a Hugging Face id.
+
+    Hugging Face ids not in the catalog are fetched through ``huggingface_hub`` (only
+    ``config.json``); with ``HF_HUB_OFFLINE=1`` only its local cache is used.
+    """
+    candidate = Path(model).expanduser()
+    if candidate.is_file() and candidate.name.endswith(".json"):
+        return ResolvedModel(model, candidate.resolve().parent, "local")
+    if candidate.is_dir():
+        if not (candidate / "config.json").is_file():
+            raise KVPlanError(error(Code.UNREADABLE, model, "the directory has no config.json."))
+        return ResolvedModel(model, candidate.resolve(), "local")
+    entry = lookup(model)
+    if entry is not None:
+        return ResolvedModel(entry.model_id, entry.path, "catalog")
+    return ResolvedModel(model, _from_hub(model), "huggingface-cache")
+
+
+def _from_hub(model_id: str) -> Path:
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+    hint = "pass a local directory, a config.json, or a catalog name (`kvplan inspect --list`)."
+    if model_id.count("/") != 1:
+        raise KVPlanError(
+            error(
+                Code.UNREADABLE, model_id, "no such file, catalog model or Hugging Face id.", hint
+            )
+        )
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError as exc:  # pragma: no cover - vLLM depends on huggingface_hub
+        raise KVPlanError(
+            error(Code.UNREADABLE, model_id, "huggingface_hub is not installed.", hint)
+        ) from exc
+    if offline:
+        cached = try_to_load_from_cache(model_id, "config.json")
+        if isinstance(cached, str):
+            return Path(cached).parent
+        raise KVPlanError(
+            error(
+                Code.UNREADABLE,
+                model_id,
+                "not in the catalog and not in the Hugging Face cache (HF_HUB_OFFLINE is set).",
+                hint,
+            )
+        )
+    try:
+        return Path(hf_hub_download(model_id, "config.json")).parent
+    except Exception as exc:
+        raise KVPlanError(
+            error(Code.UNREADABLE, model_id, f"cannot fetch config.json: {exc}", hint)
+        ) from exc
+
+
+@dataclass
+class InspectResult:
+    """A model's KV cache as vLLM would lay it out, captured and planned."""
+
+    model: ResolvedModel
+    options: InspectOptions
+    architecture: str
+    attention_layers: int
+    max_model_len: int
+    layout: str
+    kv_memory_bytes: int
+    weight_bytes: int
+    capacity_tokens: int
+    max_concurrency: float
+    documents: list[InputDocument]
+    """One per TP rank (rank 0 first)."""
+    plans: list[BindingPlan]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def document(self) -> InputDocument:
+        return self.documents[0]
+
+    @property
+    def plan(self) -> BindingPlan:
+        return self.plans[0]
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet_progress(message: str) -> None:
+    return None
+
+
+def inspect_model(
+    model: str, options: InspectOptions | None = None, progress: Progress | None = None
+) -> InspectResult:
+    """Build ``model`` with the installed vLLM, capture each rank's config and plan it."""
+    from kvplan.integrations.vllm import prepare_environment, require_vllm
+
+    require_vllm()
+    prepare_environment()
+    options = options or InspectOptions()
+    say = progress or _quiet_progress
+    start = time.perf_counter()
+    resolved = resolve_model(model)
+    notes: list[str] = []
+    try:
+        result = _inspect(resolved, options, say)
+    except KVPlanError:
+        raise
+    except Exception as exc:
+        if options.ignore_weight_quantization or not _quantized(resolved.path):
+            raise _build_error(resolved, exc) from exc
+        say("retrying without the checkpoint's weight quantization")
+        options = replace(options, ignore_weight_quantization=True)
+        notes.append(
+            f"vLLM could not build the quantized weights on this machine ({_first_line(exc)}); "
+            "planned without weight quantization, which does not change the KV cache."
+        )
+        try:
+            result = _inspect(resolved, options, say)
+        except KVPlanError:
+            raise
+        except Exception as retry_exc:
+            raise _build_error(resolved, retry_exc) from retry_exc
+    result.notes = notes + result.notes
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= 120 else line[:117] + "..."
+
+
+def _quantized(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text_config = config.get("text_config") or {}
+    return "quantization_config" in config or "quantization_config" in text_config
+
+
+def _build_error(resolved: ResolvedModel, exc: BaseException) -> KVPlanError:
+    message = str(exc).strip() or type(exc).__name__
+    lines = [line for line in message.splitlines() if line.strip()]
+    hint = ""
+    if "max seq len" in message or "max_model_len" in message:
+        hint = "pass a smaller --max-model-len, or more --gpu-memory."
+    elif isinstance(exc, ImportError):
+        hint = "vLLM needs a package that is not installed to build this model."
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            resolved.name,
+            f"vLLM could not plan this model: {type(exc).__name__}: {' '.join(lines[:3])}",
+            hint,
+        )
+    )
+
+
+def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) -> InspectResult:
+    from kvplan import plan as make_plan
+    from kvplan.integrations.vllm._build import (
+        BuildOptions,
+        collect_worker_specs,
+        kernel_block_sizes,
+        make_vllm_config,
+        plan_kv_cache,
+        runner_config,
+    )
+    from kvplan.integrations.vllm._emulation import cuda_platform
+    from kvplan.integrations.vllm.capture import capture
+
+    build = BuildOptions(
+        model=str(resolved.path),
+        max_model_len=options.max_model_len,
+        kv_cache_dtype=options.kv_cache_dtype,
+        block_size=options.block_size,
+        tp=options.tp,
+        layout=options.layout,
+        num_blocks=options.num_blocks,
+        disable_hybrid_kv_cache_manager=options.disable_hybrid_kv_cache_manager,
+        attention_backend=options.attention_backend,
+        hf_overrides={"quantization_config": None} if options.ignore_weight_quantization else None,
+    )
+    with cuda_platform():
+        say("reading the model config with vLLM")
+        vllm_config = make_vllm_config(build)
+        say(f"building {resolved.name} on the meta device ({options.tp} rank(s))")
+        workers = collect_worker_specs(build, vllm_config)
+        weight_bytes = max(worker.weight_bytes for worker in workers)
+        memory = options.kv_memory_bytes - (weight_bytes if options.reserve_weights else 0)
+        if memory <= 0:
+            raise KVPlanError(
+                error(
+                    Code.INTEGRATION,
+                    resolved.name,
+                    f"no memory left for the KV cache ({memory} bytes) after the weights.",
+                    "raise --gpu-memory or drop --reserve-weights.",
+                )
+            )
+        say("grouping and placing the KV cache with vLLM")
+        kv_plan = plan_kv_cache(vllm_config, workers, [memory] * len(workers))
+        documents = []
+        for worker, config in zip(workers, kv_plan.worker_configs, strict=True):
+            runner = runner_config(config, worker.shared_kv_cache_layers)
+            documents.append(
+                capture(
+                    runner,
+                    shared_kv_cache_layers=worker.shared_kv_cache_layers,
+                    kernel_block_sizes=kernel_block_sizes(runner, worker),
+                    metadata=_metadata(resolved, options, worker.rank, vllm_config),
+                )
+            )
+    say("planning")
+    plans = [make_plan(document) for document in documents]
+    return InspectResult(
+        model=resolved,
+        options=options,
+        architecture=workers[0].architecture,
+        attention_layers=workers[0].num_layers,
+        max_model_len=int(vllm_config.model_config.max_model_len),
+        layout=kv_plan.layout,
+        kv_memory_bytes=memory,
+        weight_bytes=weight_bytes,
+        capacity_tokens=kv_plan.capacity_tokens,
+        max_concurrency=kv_plan.max_concurrency,
+        documents=documents,
+        plans=plans,
+    )
+
+
+def _model_reference(resolved: ResolvedModel) -> str:
+    """How to find the model again: its id, or a local path relative to the working dir."""
+    path = Path(resolved.name)
+    if resolved.source != "local" or not path.is_absolute():
+        return resolved.name
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
+def _metadata(
+    resolved: ResolvedModel, options: InspectOptions, rank: int, vllm_config: Any
+) -> dict[str, Any]:
+    """Deterministic facts only: the golden check regenerates plans from them."""
+    return {
+        "tool": "kvplan inspect",
+        "model": _model_reference(resolved),
+        "model_source": resolved.source,
+        "architecture": vllm_config.model_config.architecture,
+        "max_model_len": int(vllm_config.model_config.max_model_len),
+        "tp_rank": rank,
+        "inspect": {"options": options.to_metadata()},
+    }
