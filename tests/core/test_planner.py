@@ -200,3 +200,10 @@ def test_validate_a_plan_catches_alias_chains_and_missing_targets() -> None:
     ]
     codes = {d.code.value for d in kvplan.validate(plan.model_copy(update={"aliases": aliases}))}
     assert {"KVP203", "KVP201"} <= codes
+
+
+def test_granularity_warning_follows_the_backend() -> None:
+    doc = parse_input(b.llama(4, num_blocks=64))  # 1 MiB pool: not a multiple of 2 MiB
+    assert [d.code.value for d in kvplan.validate(doc)] == ["KVP308"]
+    assert kvplan.validate(doc, granularity=0) == []
+    assert kvplan.validate(doc, granularity=1 << 20) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kvplan.cli import apply_cmd, doc_cmds, golden_cmd, inspect_cmd
+from kvplan.cli import apply_cmd, doc_cmds, doctor_cmd, golden_cmd, inspect_cmd
 
 app = typer.Typer(
     name="kvplan",
@@ -15,7 +15,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd):
+for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd, doctor_cmd):
     module.register(app)
 
 

@@ -30,12 +30,18 @@ __all__ = [
 
 def build_plan(
     doc: InputDocument | LegacyInputDocument,
+    *,
+    granularity: int = VMM_GRANULARITY,
 ) -> tuple[BindingPlan | None, list[Diagnostic]]:
-    """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
+    """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic.
+
+    ``granularity`` (bytes) is the allocation granularity pools are checked against
+    (``KVP308`` warning); 0 skips the check, e.g. for the ``torch`` backend.
+    """
     if isinstance(doc, LegacyInputDocument):  # vLLM 0.22-0.24: strategy from doc.binding
         from kvplan.planner.legacy import build_legacy_plan
 
-        return build_legacy_plan(doc)
+        return build_legacy_plan(doc, granularity=granularity)
     problems = check_input(doc)
     if any(d.is_error for d in problems):
         return None, problems
@@ -64,7 +70,7 @@ def build_plan(
             alias_saved_bytes=saved,
         ),
     )
-    problems.extend(check_plan(result))
+    problems.extend(check_plan(result, granularity=granularity))
     return result, problems
 
 
@@ -82,8 +88,12 @@ def plan(doc: InputDocument | LegacyInputDocument) -> BindingPlan:
     return result
 
 
-def validate(obj: InputDocument | LegacyInputDocument | BindingPlan) -> list[Diagnostic]:
+def validate(
+    obj: InputDocument | LegacyInputDocument | BindingPlan,
+    *,
+    granularity: int = VMM_GRANULARITY,
+) -> list[Diagnostic]:
     """Every error and warning for an input document or a plan (an empty list: all good)."""
     if isinstance(obj, BindingPlan):
-        return check_plan(obj)
-    return build_plan(obj)[1]
+        return check_plan(obj, granularity=granularity)
+    return build_plan(obj, granularity=granularity)[1]

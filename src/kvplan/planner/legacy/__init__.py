@@ -8,7 +8,7 @@ A Mamba layer binds one tensor per state in vLLM 0.24: its views are ``<layer>#<
 
 from __future__ import annotations
 
-from kvplan.planner._plan_rules import check_plan
+from kvplan.planner._plan_rules import VMM_GRANULARITY, check_plan
 from kvplan.planner.legacy._binding import Binding
 from kvplan.planner.legacy._checks import check_legacy
 from kvplan.planner.legacy._kvcached import (
@@ -56,6 +56,7 @@ def build_legacy_plan(
     strategy: Strategy | None = None,
     pool_layout: PoolLayout | None = None,
     virtual_capacity_bytes: int | None = None,
+    granularity: int = VMM_GRANULARITY,
 ) -> tuple[BindingPlan | None, list[Diagnostic]]:
     """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
     options = effective_options(doc, strategy, pool_layout, virtual_capacity_bytes)
@@ -76,7 +77,7 @@ def build_legacy_plan(
     if any(d.is_error for d in problems):
         return None, problems
     plan = _assemble(doc.model_copy(update={"binding": options}), binding, r)
-    problems += check_plan(plan)
+    problems += check_plan(plan, granularity=granularity)
     return plan, problems
 
 

@@ -1,0 +1,82 @@
+"""``kvplan doctor``: can vLLM start with kvplan's plugin here, as configured?
+
+Exit 0 when it can (enabled or not yet enabled), 2 when something would make vLLM refuse
+to start or silently skip kvplan: vLLM missing, an unsupported version, a changed patch
+target, the plugin hidden from vLLM's loader, a bad ``KVPLAN_*`` value, an unavailable
+backend. The report goes to stdout either way.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvplan.cli._output import EXIT_ERROR, print_json, stdout_console
+from kvplan.integrations.vllm._patch_doctor import ENTRY_POINT, GROUP, INSTALL_HINT, NAME, Report
+
+
+def _render(report: Report) -> None:
+    console = stdout_console()
+
+    def line(label: str, value: str) -> None:
+        console.print(f"  {label:<15} {value}", markup=False)
+
+    settings = report.settings
+    console.print("kvplan doctor", markup=False)
+    line("kvplan", report.kvplan_version)
+    supported = ", ".join(report.supported)
+    if report.vllm_version is not None:
+        line("vLLM", f"{report.vllm_version} (kvplan supports {supported})")
+    else:
+        line("vLLM", f"not installed: {INSTALL_HINT}")
+    if report.entry_point == ENTRY_POINT:
+        line("entry point", f"{GROUP}: {NAME} = {ENTRY_POINT} (installed)")
+    else:
+        line("entry point", f"{GROUP}: {NAME} = {report.entry_point} (expected {ENTRY_POINT})")
+    if report.vllm_plugins is None:
+        line("VLLM_PLUGINS", "unset (every plugin loads)")
+    else:
+        verb = "lists" if report.plugin_allowed else "omits"
+        line("VLLM_PLUGINS", f"{','.join(report.vllm_plugins)} ({verb} {NAME})")
+    line("enabled", "yes (KVPLAN_ENABLE)" if settings["enabled"] else "no (set KVPLAN_ENABLE=1)")
+    state = "available" if report.backend_available else "UNAVAILABLE"
+    line("backend", f"{settings['backend']}: {state}, {report.backend_detail}")
+    line("mode", str(settings["mode"]))
+    line("dump dir", str(settings["dump_dir"] or "-"))
+    line("strict", "yes" if settings["strict"] else "no")
+    if report.targets:
+        console.print(f"patch targets (vLLM {report.target_table} table)", markup=False)
+        for row in report.targets:
+            mark = "ok " if row["ok"] else "BAD"
+            verb = "patch" if row["patched"] else "read "
+            console.print(f"  {mark} {verb} {row['target']}{row['expected']}", markup=False)
+            if not row["ok"]:
+                console.print(f"          {row['problem']}", markup=False)
+    if report.problems:
+        console.print("problems", markup=False)
+        for problem in report.problems:
+            console.print(f"  {problem.render()}", markup=False)
+    console.print(f"verdict: {report.verdict}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor_cmd(
+        as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    ) -> None:
+        """Check that vLLM can run with kvplan's plugin: versions, loader, settings, targets.
+
+        Exit 0 if it can (enabled or not), 2 if something is in the way.
+        """
+        from kvplan.integrations.vllm import prepare_environment
+        from kvplan.integrations.vllm._patch_doctor import diagnose
+
+        prepare_environment(quiet=True)
+        report = diagnose()
+        if as_json:
+            print_json(report.as_dict())
+        else:
+            _render(report)
+        if not report.usable:
+            raise typer.Exit(EXIT_ERROR)

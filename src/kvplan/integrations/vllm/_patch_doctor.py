@@ -1,0 +1,220 @@
+"""What ``kvplan doctor`` checks: could vLLM start with kvplan's plugin, as configured now?
+
+Nothing is patched. vLLM is imported (its runner modules too, to read the signatures of
+the patch targets); no CUDA context is created.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from kvplan.integrations.vllm import _patch_targets as targets
+from kvplan.integrations.vllm._patch_settings import backend_status, read_settings
+from kvplan.schemas.errors import Code, Diagnostic, error, warning
+
+GROUP = "vllm.general_plugins"
+NAME = "kvplan"
+ENTRY_POINT = "kvplan.integrations.vllm.plugin:register"
+INSTALL_HINT = "pip install 'kvplan[vllm]'"
+
+
+@dataclass
+class Report:
+    """The doctor's findings (``as_dict`` is the ``--json`` output)."""
+
+    kvplan_version: str
+    vllm_version: str | None = None
+    vllm_error: str | None = None
+    supported: list[str] = field(default_factory=targets.supported_versions)
+    entry_point: str | None = None
+    vllm_plugins: list[str] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    backend_available: bool = False
+    backend_detail: str = ""
+    target_table: str | None = None
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return not any(p.is_error for p in self.problems)
+
+    @property
+    def plugin_allowed(self) -> bool:
+        return self.vllm_plugins is None or NAME in self.vllm_plugins
+
+    @property
+    def verdict(self) -> str:
+        errors = [p for p in self.problems if p.is_error]
+        if self.vllm_version is None:
+            return f"not usable: vLLM is not installed ({INSTALL_HINT})"
+        if errors:
+            return f"not usable: {len(errors)} problem(s) below"
+        settings = self.settings
+        if not settings.get("enabled"):
+            return "ready, but disabled: set KVPLAN_ENABLE=1 to bind KV caches with kvplan"
+        return (
+            f"ready: vLLM workers will bind their KV caches with kvplan "
+            f"({settings.get('backend')}, {settings.get('mode')})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kvplan": {"version": self.kvplan_version},
+            "vllm": {
+                "installed": self.vllm_version is not None,
+                "version": self.vllm_version,
+                "error": self.vllm_error,
+                "supported_versions": self.supported,
+                "install": INSTALL_HINT,
+            },
+            "plugin": {
+                "group": GROUP,
+                "name": NAME,
+                "entry_point": self.entry_point,
+                "visible": self.entry_point == ENTRY_POINT,
+                "vllm_plugins": self.vllm_plugins,
+                "allowed": self.plugin_allowed,
+                "enabled": bool(self.settings.get("enabled")),
+            },
+            "settings": self.settings,
+            "backend": {
+                "name": self.settings.get("backend"),
+                "available": self.backend_available,
+                "detail": self.backend_detail,
+            },
+            "target_table": self.target_table,
+            "targets": self.targets,
+            "problems": [p.model_dump(mode="json") for p in self.problems],
+            "usable": self.usable,
+            "verdict": self.verdict,
+        }
+
+
+def _entry_point() -> str | None:
+    found = [ep for ep in entry_points(group=GROUP) if ep.name == NAME]
+    return found[0].value if found else None
+
+
+def _allowlist(environ: Mapping[str, str]) -> list[str] | None:
+    """``VLLM_PLUGINS`` as vLLM reads it: unset means every plugin loads."""
+    raw = environ.get("VLLM_PLUGINS")
+    return None if raw is None else raw.split(",")
+
+
+def _check_plugin(report: Report) -> None:
+    if report.entry_point is None:
+        report.problems.append(
+            error(
+                Code.INTEGRATION,
+                GROUP,
+                f"vLLM's plugin loader cannot see kvplan: no '{NAME}' entry point in "
+                f"group {GROUP}.",
+                "reinstall kvplan into the Python environment vLLM runs in",
+            )
+        )
+    elif report.entry_point != ENTRY_POINT:
+        report.problems.append(
+            error(
+                Code.INTEGRATION,
+                GROUP,
+                f"the '{NAME}' entry point is {report.entry_point!r}, not {ENTRY_POINT!r}.",
+                "reinstall kvplan; another package may claim the name",
+            )
+        )
+    if not report.plugin_allowed:
+        listed = ",".join(report.vllm_plugins or [])
+        make = error if report.settings.get("enabled") else warning
+        report.problems.append(
+            make(
+                Code.INTEGRATION,
+                "VLLM_PLUGINS",
+                f"VLLM_PLUGINS={listed!r} does not list '{NAME}': vLLM will not load the "
+                "plugin, so KVPLAN_ENABLE has no effect.",
+                f"add {NAME} to VLLM_PLUGINS, or unset it",
+            )
+        )
+
+
+def _check_vllm(report: Report) -> Any:
+    try:
+        vllm = importlib.import_module("vllm")
+    except ImportError as exc:
+        report.vllm_error = f"{type(exc).__name__}: {exc}"
+        report.problems.append(
+            error(Code.INTEGRATION, "vllm", "vLLM is not installed.", INSTALL_HINT)
+        )
+        return None
+    except Exception as exc:  # a broken install: say so instead of crashing the doctor
+        report.vllm_error = f"{type(exc).__name__}: {exc}"
+        report.problems.append(
+            error(Code.INTEGRATION, "vllm", f"vLLM cannot be imported ({report.vllm_error}).")
+        )
+        return None
+    report.vllm_version = str(getattr(vllm, "__version__", "unknown"))
+    return vllm
+
+
+def _check_targets(report: Report) -> None:
+    version = report.vllm_version or ""
+    bad_version = targets.check_version(version)
+    if bad_version is not None:
+        report.problems.append(bad_version)
+    key = targets.version_key(version) if bad_version is None else list(targets.TARGETS)[-1]
+    report.target_table = key
+    for target in targets.TARGETS[key]:
+        found = targets.resolve(target)
+        report.targets.append(
+            {
+                "target": target.name,
+                "role": target.role,
+                "patched": target.role != targets.READ,
+                "why": target.why,
+                "exists": found.value is not None,
+                "signature": found.signature,
+                "expected": target.expected_signature,
+                "ok": found.ok,
+                "problem": found.problem,
+            }
+        )
+        if not found.ok and bad_version is None:
+            report.problems.append(
+                error(
+                    Code.INTEGRATION,
+                    target.name,
+                    f"vLLM {version}: patch target {target.name} is unusable: {found.problem}.",
+                    "see docs/integration.md (adding a vLLM version)",
+                )
+            )
+
+
+def diagnose(environ: Mapping[str, str] | None = None) -> Report:
+    """Every check, in the order a user would fix them."""
+    import kvplan
+
+    env = os.environ if environ is None else environ
+    settings, problems = read_settings(env)
+    report = Report(kvplan_version=kvplan.__version__, settings=settings.as_dict())
+    vllm = _check_vllm(report)
+    report.problems.extend(problems)
+    report.entry_point = _entry_point()
+    report.vllm_plugins = _allowlist(env)
+    _check_plugin(report)
+    report.backend_available, report.backend_detail = backend_status(settings.backend)
+    if not report.backend_available:
+        report.problems.append(
+            error(
+                Code.INTEGRATION,
+                "KVPLAN_BACKEND",
+                f"the {settings.backend} backend is unavailable: {report.backend_detail}.",
+                "set KVPLAN_BACKEND=torch (any device), or install what it needs",
+            )
+        )
+    if vllm is not None:
+        _check_targets(report)
+    return report

@@ -1,0 +1,35 @@
+"""``kvplan doctor`` as a new user without vLLM (runs without vLLM installed, too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env}
+    )
+
+
+def test_doctor_without_vllm() -> None:
+    """A new user without vLLM: a clear report, exit 2, no traceback."""
+    code = (
+        "import sys\n"
+        "sys.modules['vllm'] = None  # as if vLLM were not installed\n"
+        "sys.argv = ['kvplan', 'doctor']\n"
+        "from kvplan.cli import main\n"
+        "main()\n"
+    )
+    done = _run(code, KVPLAN_BACKEND="torch")
+    assert done.returncode == 2, done.stderr
+    assert "vLLM            not installed: pip install 'kvplan[vllm]'" in done.stdout
+    assert "verdict: not usable: vLLM is not installed" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    as_json = _run(code.replace("'doctor'", "'doctor', '--json'"), KVPLAN_BACKEND="torch")
+    report = json.loads(as_json.stdout)
+    assert report["vllm"]["installed"] is False and report["usable"] is False
+    assert report["targets"] == []
