@@ -21,8 +21,11 @@ def _subclasses(cls: type) -> set[type]:
 def test_every_vllm_spec_class_has_a_kvplan_model_with_the_same_fields() -> None:
     from vllm.v1 import kv_cache_interface
 
-    vllm_specs = {c for c in _subclasses(kv_cache_interface.KVCacheSpec)
-                  if c.__module__ == kv_cache_interface.__name__}
+    vllm_specs = {
+        c
+        for c in _subclasses(kv_cache_interface.KVCacheSpec)
+        if c.__module__ == kv_cache_interface.__name__
+    }
     assert {c.__name__ for c in vllm_specs} <= set(specs.SPEC_KINDS)
     for cls in vllm_specs:
         model = getattr(specs, cls.__name__)
@@ -34,5 +37,4 @@ def test_every_vllm_spec_class_has_a_kvplan_model_with_the_same_fields() -> None
 def test_kv_quant_modes_match_vllm() -> None:
     from vllm.v1.kv_cache_interface import KVQuantMode
 
-    assert {m.name: m.value for m in KVQuantMode} == {
-        m.name: m.value for m in specs.KVQuantMode}
+    assert {m.name: m.value for m in KVQuantMode} == {m.name: m.value for m in specs.KVQuantMode}

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
 from tests.plugin._models import ModelCase
 
 CPU = torch.device("cpu")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.plugin._models import MODELS, ModelCase, build_case, init_distributed
 
 if importlib.util.find_spec("vllm") is None:  # only the doctor's no-vLLM check can run

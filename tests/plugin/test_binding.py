@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
+from kvplan.integrations.vllm import plugin
 from tests.plugin._models import ModelCase
 from tests.plugin._runners import CPU, PATHS, describe, storages, via_v1, via_v2
 from tests.plugin.conftest import LoadPlugin
-
-from kvplan.integrations.vllm import plugin
 
 pytestmark = pytest.mark.vllm
 

@@ -7,9 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.plugin._models import ModelCase
-from tests.plugin._runners import v1_full_runner, via_v1, via_v2
-from tests.plugin.conftest import LoadPlugin
 from typer.testing import CliRunner
 
 import kvplan
@@ -17,6 +14,9 @@ from kvplan.cli import app
 from kvplan.integrations.vllm import plugin
 from kvplan.integrations.vllm.capture import to_vllm
 from kvplan.schemas.errors import KVPlanError
+from tests.plugin._models import ModelCase
+from tests.plugin._runners import v1_full_runner, via_v1, via_v2
+from tests.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
 

@@ -8,11 +8,11 @@ import sys
 from typing import Any
 
 import pytest
-from tests.plugin.conftest import LoadPlugin
 
 from kvplan.integrations.vllm import plugin
 from kvplan.integrations.vllm._patch_targets import READ, TARGETS, Target, version_key
 from kvplan.schemas.errors import Code, KVPlanError
+from tests.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
 

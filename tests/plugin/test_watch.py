@@ -8,6 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from kvplan.integrations.vllm import plugin
+from kvplan.integrations.vllm._patch_targets import READ, TARGETS
+from kvplan.schemas.errors import Code, KVPlanError
 from tests.plugin._models import ModelCase
 from tests.plugin._runners import (
     CPU,
@@ -20,10 +24,6 @@ from tests.plugin._runners import (
     via_v2,
 )
 from tests.plugin.conftest import LoadPlugin
-
-from kvplan.integrations.vllm import plugin
-from kvplan.integrations.vllm._patch_targets import READ, TARGETS
-from kvplan.schemas.errors import Code, KVPlanError
 
 pytestmark = pytest.mark.vllm
 
