@@ -107,7 +107,7 @@ def test_error_names_call_pool_and_bytes() -> None:
     diag = e.value.diagnostics[0]
     assert diag.code is Code.DRIVER_CALL_FAILED and diag.location == "pools.kv"
     assert "mmap(MAP_FIXED|MAP_SHARED) failed during apply" in diag.message
-    assert "pool 'kv' bytes [0, 2097152) (2 MiB)" in diag.message
+    assert "pool 'kv' bytes [0, 2097152) (2.00 MiB)" in diag.message
     assert "1 release" in diag.message and "1 free" in diag.message
     assert inner.live().clean
 

@@ -69,6 +69,11 @@ def bad_documents() -> dict[str, dict[str, Any]]:
     doc = fixture("gemma-4-e2b")
     doc["scheduler_num_layers"] = 19
     docs["KVP602-scheduler-pool-count"] = doc
+    # the same under the per-layer binding: 15 tensor-backed layers + the 20 appended sharers
+    doc = fixture("gemma-4-e2b")
+    doc["scheduler_num_layers"] = 35
+    doc["binding"] = {"strategy": "kvcached", "pool_layout": "per-layer"}
+    docs["KVP602-per-layer-inflated-pools"] = doc
     # heterogeneous Gemma groups, 16-token kernels in 32-token blocks, contiguous layout
     doc = fixture("gemma-4-e2b")
     doc["kernel_block_sizes"] = [16, 16, 16, 16, 16]

@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.table import Table
 
+from kvplan import units
 from kvplan.cli._documents import load_document_as_plan
 from kvplan.cli._output import EXIT_ERROR, fail, print_json, report, stdout_console
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 from kvplan.schemas.plan import BindingPlan
+from kvplan.units import human_bytes
 
 Mode = Literal["eager", "elastic"]
 
@@ -34,35 +36,14 @@ class ModeName(StrEnum):
     elastic = "elastic"
 
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1 << 10,
-    "KIB": 1 << 10,
-    "KB": 1000,
-    "M": 1 << 20,
-    "MIB": 1 << 20,
-    "MB": 1000**2,
-    "G": 1 << 30,
-    "GIB": 1 << 30,
-    "GB": 1000**3,
-}
-
-
 def parse_size(text: str) -> int:
-    """``2MiB`` → 2097152 (``K``/``M``/``G`` and ``KiB``… are binary, ``KB``… decimal)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+    """``--chunk-size`` in bytes (see :func:`kvplan.units.parse_size`)."""
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
         raise KVPlanError(
-            error(
-                Code.SCHEMA,
-                "--chunk-size",
-                f"Cannot read size {text!r}.",
-                "write e.g. 2MiB, 64KiB or 4194304",
-            )
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+            error(Code.SCHEMA, "--chunk-size", f"{exc}.", "write e.g. 2MiB, 64KiB or 4194304")
+        ) from None
 
 
 def parse_blocks(text: str) -> list[int]:
@@ -109,7 +90,6 @@ def _run(
 
 
 def _table(plan: BindingPlan, stats: dict[str, Any], ok: bool) -> Table:
-    from kvplan.executor._memory import human_bytes
 
     table = Table(title=f"kvplan apply ({stats['backend']}, {stats['mode']})")
     table.add_column("metric")

@@ -27,6 +27,7 @@ from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.loading import dump, dumps, load_any
 from kvplan.schemas.plan import BindingPlan
+from kvplan.units import human_bytes
 
 
 class DiffFormat(StrEnum):
@@ -38,15 +39,6 @@ class DiffFormat(StrEnum):
 class SchemaName(StrEnum):
     input = "input"
     plan = "plan"
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def render_plan(plan: BindingPlan) -> None:
@@ -112,7 +104,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         pool_layout: Annotated[
             str | None,
-            typer.Option("--pool-layout", help="kvcached pool layout: noncontiguous | contiguous"),
+            typer.Option(
+                "--pool-layout",
+                help="kvcached pool layout: noncontiguous | contiguous | per-layer",
+            ),
         ] = None,
         virtual_capacity: Annotated[
             int | None,
@@ -124,7 +119,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
-        from typing import cast
+        from typing import cast, get_args
 
         from kvplan.planner.legacy import build_legacy_plan
         from kvplan.schemas.errors import Code, error
@@ -133,8 +128,8 @@ def register(app: typer.Typer) -> None:
         options = (strategy, pool_layout, virtual_capacity)
         try:
             for flag, value, allowed in (
-                ("--strategy", strategy, ("vanilla", "kvcached")),
-                ("--pool-layout", pool_layout, ("noncontiguous", "contiguous")),
+                ("--strategy", strategy, get_args(Strategy)),
+                ("--pool-layout", pool_layout, get_args(PoolLayout)),
             ):
                 if value is not None and value not in allowed:
                     raise KVPlanError(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from kvplan import units
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -20,33 +21,20 @@ from kvplan.cli._output import (
 )
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import KVPlanError
+from kvplan.units import human_bytes
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.inspect import InspectOptions, InspectResult
     from kvplan.schemas.input import InputDocument
     from kvplan.schemas.plan import BindingPlan
 
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
-_UNITS.update({f"{u}B": v for u, v in list(_UNITS.items()) if u not in ("", "B")})
-_UNITS.update({f"{u}IB": 1 << (10 * i) for i, u in enumerate("KMGT", start=1)})
-
 
 def parse_size(text: str) -> int:
-    """``80GiB``, ``80G`` (10^9), ``1.5TiB``, ``1024`` → bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _UNITS:
-        raise typer.BadParameter(f"cannot read size {text!r} (try 80GiB)")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def human_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    """``--gpu-memory`` in bytes (see :func:`kvplan.units.parse_size`)."""
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def bundle(document: InputDocument, plan: BindingPlan) -> dict[str, Any]:

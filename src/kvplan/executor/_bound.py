@@ -6,10 +6,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor._memory import PoolMemory, Transaction, failure, human_bytes, map_chunks
+from kvplan.executor._memory import PoolMemory, Transaction, failure, map_chunks
 from kvplan.executor.backends.base import Backend, BackendCallError
 from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.plan import BindingPlan
+from kvplan.units import human_bytes
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -14,16 +14,7 @@ from functools import partial
 
 from kvplan.executor.backends.base import Backend, BackendCallError
 from kvplan.schemas.errors import Code, KVPlanError, error
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` → ``1.5 KiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.4g} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+from kvplan.units import human_bytes
 
 
 @dataclass

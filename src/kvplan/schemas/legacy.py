@@ -379,7 +379,7 @@ class AttentionGroupInfo(_Frozen):
 
 
 Strategy = Literal["vanilla", "kvcached"]
-PoolLayout = Literal["noncontiguous", "contiguous"]
+PoolLayout = Literal["noncontiguous", "contiguous", "per-layer"]
 
 
 class BindingOptions(_Frozen):
@@ -390,7 +390,8 @@ class BindingOptions(_Frozen):
 
     strategy: Strategy = "vanilla"
     pool_layout: PoolLayout = Field(
-        default="noncontiguous", description="kvcached's KVCACHED_CONTIGUOUS_LAYOUT"
+        default="noncontiguous",
+        description="kvcached's KVCACHED_CONTIGUOUS_LAYOUT, or per-layer (its v0.8 binding)",
     )
     virtual_capacity_bytes: int | None = Field(
         default=None, gt=0, description="address space each kvcached pool reserves"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from enum import Enum, IntEnum, StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -309,6 +309,22 @@ class _AlignedMLA:
                 return padded
         return self.page_size_padded
 
+    if TYPE_CHECKING:  # provided by _Spec, which every user of this mixin also derives from
+
+        def unpadded_page_for(self, block_size: int) -> int: ...
+
+        @property
+        def unpadded_page_size_bytes(self) -> int: ...
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        return self._aligned_padding(self.unpadded_page_size_bytes)
+
+    def page_size_for_block(self, block_size: int) -> int:
+        unpadded = self.unpadded_page_for(block_size)
+        padded = self._aligned_padding(unpadded)
+        return padded if padded is not None else unpadded
+
 
 class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
     """Multi-head latent attention: one latent vector per state, ``H == 1``, no V."""
@@ -322,15 +338,6 @@ class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
     is_index_group_leader: bool = False
     non_causal_multi_token_decode: bool = False
     head_size_v: int | None = Field(default=0, ge=0)
-
-    @property
-    def padded_page_size_bytes(self) -> int | None:
-        return self._aligned_padding(self.unpadded_page_size_bytes)
-
-    def page_size_for_block(self, block_size: int) -> int:
-        unpadded = self.unpadded_page_for(block_size)
-        padded = self._aligned_padding(unpadded)
-        return padded if padded is not None else unpadded
 
 
 class HiddenStateCacheSpec(MLAAttentionSpec):
@@ -364,15 +371,6 @@ class SlidingWindowMLASpec(_AlignedMLA, SlidingWindowSpec):
     model_version: str | None = None
     bounded_replay: bool = False
     head_size_v: int | None = Field(default=0, ge=0)
-
-    @property
-    def padded_page_size_bytes(self) -> int | None:
-        return self._aligned_padding(self.unpadded_page_size_bytes)
-
-    def page_size_for_block(self, block_size: int) -> int:
-        unpadded = self.unpadded_page_for(block_size)
-        padded = self._aligned_padding(unpadded)
-        return padded if padded is not None else unpadded
 
 
 class EncoderOnlyAttentionSpec(AttentionSpec):

@@ -2,7 +2,8 @@
 
 Pure: no torch, no vLLM. ``plan_legacy`` raises :class:`KVPlanError` carrying every error;
 ``build_legacy_plan`` returns the plan (or None) and every diagnostic. Strategy options left
-``None`` come from the document's ``binding`` section (defaults: vanilla, noncontiguous).
+``None`` come from the document's ``binding`` section (defaults: vanilla, noncontiguous;
+kvcached layouts: noncontiguous, contiguous, per-layer).
 A Mamba layer binds one tensor per state in vLLM 0.24: its views are ``<layer>#<i>``.
 """
 
@@ -61,13 +62,13 @@ def build_legacy_plan(
     """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
     options = effective_options(doc, strategy, pool_layout, virtual_capacity_bytes)
     r = resolve(doc)
-    problems = check_legacy(r)
+    problems = check_legacy(r, per_layer=options.pool_layout == "per-layer")
     if any(d.is_error for d in problems):
         return None, problems
     if options.strategy == "kvcached":
         binding = bind_kvcached(
             r,
-            options.pool_layout == "contiguous",
+            options.pool_layout,
             options.virtual_capacity_bytes,
             options.page_size_bytes,
         )
@@ -110,13 +111,14 @@ def kvcached_geometry(
     """kvcached's pool geometry (what scheduler and workers must agree on) for ``doc``."""
     options = effective_options(doc, "kvcached", pool_layout, virtual_capacity_bytes)
     r = resolve(doc)
-    errors = [d for d in check_legacy(r) if d.is_error]
+    per_layer = options.pool_layout == "per-layer"
+    errors = [d for d in check_legacy(r, per_layer=per_layer) if d.is_error]
     if errors:
         raise KVPlanError(errors)
     try:
         geometry, _ = kvcached_geometry_of(
             r,
-            options.pool_layout == "contiguous",
+            options.pool_layout,
             options.virtual_capacity_bytes,
             options.page_size_bytes,
         )

@@ -21,8 +21,12 @@ _GROUPS = "kv_cache_config.kv_cache_groups"
 _TENSORS = "kv_cache_config.kv_cache_tensors"
 
 
-def check_legacy(r: Resolved) -> list[Diagnostic]:
-    """Every input error; an empty list means the document can be planned."""
+def check_legacy(r: Resolved, *, per_layer: bool = False) -> list[Diagnostic]:
+    """Every input error; an empty list means the document can be planned.
+
+    ``per_layer``: kvcached's per-layer pool layout, whose engine core counts one pool per
+    tensor-backed layer (``scheduler_num_layers`` is checked against that count).
+    """
     out = _unsupported_specs(r)
     if out:
         return out
@@ -32,7 +36,7 @@ def check_legacy(r: Resolved) -> list[Diagnostic]:
         return out
     out += _tensor_sizes(r)
     out += _backend_facts(r)
-    out += _scheduler(r)
+    out += _scheduler(r, per_layer)
     return out
 
 
@@ -268,18 +272,31 @@ def _shape_problem(r: Resolved, name: str, spec: LegacyAttentionSpec) -> str | N
     return None
 
 
-def _scheduler(r: Resolved) -> list[Diagnostic]:
-    expected = r.doc.scheduler_num_layers
-    if expected is None or expected == r.group_size:
+def _scheduler(r: Resolved, per_layer: bool) -> list[Diagnostic]:
+    expected, pools = r.doc.scheduler_num_layers, r.num_pools(per_layer)
+    if expected is None or expected == pools:
         return []
+    what = "every tensor-backed layer" if per_layer else "tensor-backed layers of the largest group"
     return [
         error(
             Code.POOL_COUNT_MISMATCH,
             "scheduler_num_layers",
-            f"the scheduler side counts {expected} pools but the worker side binds "
-            f"{r.group_size} (tensor-backed layers of the largest group; runner-only layers "
-            "excluded)",
+            f"the scheduler side counts {expected} pools but the worker side binds {pools} "
+            f"({what}; runner-only layers excluded){_inflation(r, expected, per_layer)}",
             "the engine core and every worker must derive the same pool count: count only "
             "tensor-backed layers (kvcached #472)",
         )
     ]
+
+
+def _inflation(r: Resolved, count: int, per_layer: bool) -> str:
+    """Why ``count`` is wrong: runner-only layers counted, or the other pool layout's count."""
+    sizes = [len(g.layer_names) for g in r.doc.kv_cache_config.kv_cache_groups]
+    inflated = sum(sizes) if per_layer else max(sizes, default=0)
+    if count == inflated:
+        extra = inflated - r.num_pools(per_layer)
+        return f"; {count} also counts {extra} runner-only/KV-sharing layers the runner appended"
+    if count == r.num_pools(not per_layer):
+        other = "the noncontiguous/contiguous layouts'" if per_layer else "the per-layer layout's"
+        return f"; {count} is {other} pool count"
+    return ""

@@ -4,6 +4,8 @@ Pools: the scheduler-side group size ``L`` (runner-only layers excluded); layer 
 group binds pool ``i``. Non-contiguous: one reservation per pool, K half then V half (MLA: one
 buffer; attention+Mamba: one unified buffer, K and V interleaved per kernel block).
 Contiguous: one reservation, block ``b`` of pool ``i`` at ``(b*L + i) * nkv * bm`` bytes.
+Per-layer (kvcached's v0.8 ``patch_initialize_kv_cache``): one non-contiguous pool per
+tensor-backed layer, bound in group then ``layer_names`` order; no Mamba.
 The formulas are in ``docs/layouts.md``; they follow kvcached's ``alloc_kv_cache`` /
 ``build_kv_views`` / ``_reshape_mamba_*`` (snapshot e8e6406, with #472's sharing fix).
 """
@@ -28,6 +30,7 @@ from kvplan.schemas.legacy import (
     LegacyMLAAttentionSpec,
     LegacySlidingWindowSpec,
     LegacySpec,
+    PoolLayout,
 )
 from kvplan.schemas.plan import Pool, View
 
@@ -40,6 +43,8 @@ class KvcachedGeometry:
 
     attention_type: str
     contiguous: bool
+    per_layer: bool
+    """One pool per tensor-backed layer (kvcached's v0.8 binding) instead of per group index."""
     num_pools: int
     num_kv_buffers: int
     """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
@@ -192,11 +197,24 @@ def _check_groups(groups: list[_Group], attention_type: str, page: int) -> None:
         )
 
 
+def _refuse_per_layer_mamba() -> _Refused:
+    return _refuse(
+        "binding.pool_layout",
+        "the per-layer binding (v0.8 patch_initialize_kv_cache) has no Mamba state views: it "
+        "hands alloc_kv_cache's raw tensors to the layers one by one and never builds "
+        "_reshape_mamba_* views (vLLM 0.8's V1 runner had no Mamba layers)",
+        "use the noncontiguous or contiguous layout for attention+Mamba models",
+    )
+
+
 def kvcached_geometry_of(
-    r: Resolved, contiguous: bool, virtual_capacity: int | None, page: int
+    r: Resolved, layout: PoolLayout, virtual_capacity: int | None, page: int
 ) -> tuple[KvcachedGeometry, list[_Group]]:
     """kvcached's pool geometry for a checked document; raises ``_Refused``."""
+    contiguous, per_layer = layout == "contiguous", layout == "per-layer"
     attention_type = _attention_type(r)
+    if per_layer and attention_type == HYBRID:
+        raise _refuse_per_layer_mamba()
     groups = _groups(r, attention_type)
     _check_groups(groups, attention_type, page)
     first = groups[0]
@@ -231,13 +249,14 @@ def kvcached_geometry_of(
             f"reserve at least {nkv * (-(-r.num_blocks * bm // align) * align)} B per pool",
             Code.VIRTUAL_CAPACITY_TOO_SMALL,
         )
-    pools = r.group_size
+    pools = r.num_pools(per_layer)
     sched_nkvb = 1 if attention_type in (MLA, HYBRID) else 2
     compound = page * pools * (1 if attention_type == HYBRID else nkv) if contiguous else page
     cell = first.spec.page_size_bytes // first.block_size // sched_nkvb
     geometry = KvcachedGeometry(
         attention_type=attention_type,
         contiguous=contiguous,
+        per_layer=per_layer,
         num_pools=pools,
         num_kv_buffers=sched_nkvb,
         cell_size=cell,
@@ -252,13 +271,13 @@ def kvcached_geometry_of(
 
 
 def bind_kvcached(
-    r: Resolved, contiguous: bool, virtual_capacity: int | None, page: int
+    r: Resolved, layout: PoolLayout, virtual_capacity: int | None, page: int
 ) -> Binding:
-    out = Binding(layout=f"kvcached/{'contiguous' if contiguous else 'noncontiguous'}")
+    out = Binding(layout=f"kvcached/{layout}")
     try:
-        geo, groups = kvcached_geometry_of(r, contiguous, virtual_capacity, page)
+        geo, groups = kvcached_geometry_of(r, layout, virtual_capacity, page)
         hetero = geo.attention_type != HYBRID and len({g.geom for g in groups}) > 1
-        if contiguous and geo.attention_type != HYBRID:
+        if geo.contiguous and geo.attention_type != HYBRID:
             for g in groups if hetero else groups[:1]:
                 if g.ratio > 1:
                     raise _refuse(
@@ -274,9 +293,11 @@ def bind_kvcached(
         return out
     out.pools = _pools(geo)
     by_gid = {g.gid: g for g in groups}
+    pool_of = _pool_indices(r, geo.per_layer)
     for gid, layers in enumerate(r.backed):
         spec = r.group_spec(gid)
-        for i, layer in enumerate(layers):
+        for layer in layers:
+            i = pool_of[layer]
             if isinstance(spec, LegacyMambaSpec):
                 out.views.extend(_mamba_views(r, geo, groups[0], layer, spec, i))
             else:
@@ -286,6 +307,14 @@ def bind_kvcached(
     nkv = 1 if geo.attention_type == MLA else 2
     out.bytes_per_block = geo.num_pools * nkv * _block_mem(groups[0], geo.attention_type)
     return out
+
+
+def _pool_indices(r: Resolved, per_layer: bool) -> dict[str, int]:
+    """Layer → pool: layer ``i`` of every group binds pool ``i``; per-layer, each layer its own
+    pool, numbered in group then ``layer_names`` order (v0.8's sequential ``layer_id``)."""
+    if per_layer:
+        return {name: i for i, name in enumerate(r.backed_layers)}
+    return {name: i for layers in r.backed for i, name in enumerate(layers)}
 
 
 def _pools(geo: KvcachedGeometry) -> list[Pool]:

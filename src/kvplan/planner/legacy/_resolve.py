@@ -66,6 +66,10 @@ class Resolved:
         """Tensor-backed layers of the largest group: the scheduler's pool count."""
         return max((len(layers) for layers in self.backed), default=0)
 
+    def num_pools(self, per_layer: bool) -> int:
+        """kvcached's pool count: one per tensor-backed layer (per-layer), else the group size."""
+        return len(self.backed_layers) if per_layer else self.group_size
+
 
 def resolve(doc: LegacyInputDocument) -> Resolved:
     cfg = doc.kv_cache_config

@@ -1,0 +1,235 @@
+"""kvcached's ``per-layer`` pool layout (its v0.8 ``patch_initialize_kv_cache`` binding): one
+non-contiguous pool per tensor-backed layer, bound sequentially; sharers alias their target.
+
+Expected geometry is written out by hand from each fixture's page geometry (see the comments),
+not computed by the code under test; ``kvcached_emulation`` cross-checks it with torch ops.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvplan.cli import app
+from kvplan.executor import apply, verify
+from kvplan.planner import validate
+from kvplan.planner.legacy import build_legacy_plan, kvcached_geometry, plan_legacy
+from kvplan.schemas.errors import Code, KVPlanError
+from kvplan.schemas.legacy import LegacyInputDocument
+from kvplan.schemas.plan import BindingPlan
+from tests.legacy import kvcached_emulation as emu
+from tests.legacy.helpers import ROOT, load
+
+MiB = 1 << 20
+GEMMA_LAYER = "language_model.model.layers.{}.self_attn.attn".format
+# layers in group order (groups [0,5,10] [1,6,11] [2,7,12] [3,8,13] [4,9,14]): pool kv_<i>
+GEMMA_POOL_ORDER = [0, 5, 10, 1, 6, 11, 2, 7, 12, 3, 8, 13, 4, 9, 14]
+
+
+def gemma() -> LegacyInputDocument:
+    """The gemma-4-E2B fixture as a per-layer engine core records it: 15 pools.
+
+    The fixture's ``scheduler_num_layers`` (3) is the group-index coordinator's count; kvcached's
+    v0.8 engine core counts one pool per KV-cache tensor, i.e. per tensor-backed layer.
+    """
+    return load("gemma-4-e2b").model_copy(update={"scheduler_num_layers": 15})
+
+
+def per_layer(doc: LegacyInputDocument) -> BindingPlan:
+    plan, problems = build_legacy_plan(doc, strategy="kvcached", pool_layout="per-layer")
+    assert plan is not None and [d for d in problems if d.is_error] == [], problems
+    return plan
+
+
+# -- gemma-4-E2B: 15 pools, 20 aliases --------------------------------------------------------
+
+# bm = 32 tok x 1 head x 256 x 2 B = 16384 B (= 16 x 1 x 512 x 2 B for the full group);
+# 341 blocks x 16384 B = 5 586 944 B -> 3 pages of 2 MiB: kv_bytes = 6 MiB per K or V half,
+# N_v = 6 MiB / 16384 = 384; V half at 6291456 / 2 B = 3145728 elements; h = 32 x 256 = 16 x 512.
+SLIDING = ([384, 2, 32, 1, 256], [8192, 3145728, 256, 256, 1])
+FULL = ([384, 2, 16, 1, 512], [8192, 3145728, 512, 512, 1])
+
+
+def test_gemma4_pools_are_one_per_tensor_backed_layer() -> None:
+    plan = per_layer(gemma())
+    assert plan.source.layout == "kvcached/per-layer"
+    assert [p.name for p in plan.pools] == [f"kv_{i}" for i in range(15)]
+    for pool in plan.pools:
+        assert (pool.size_bytes, pool.num_blocks, pool.alignment_bytes) == (12 * MiB, 384, 2 * MiB)
+    views = {v.layer: v for v in plan.views}
+    assert {views[GEMMA_LAYER(n)].pool for n in range(15)} == {p.name for p in plan.pools}
+    for i, n in enumerate(GEMMA_POOL_ORDER):
+        assert views[GEMMA_LAYER(n)].pool == f"kv_{i}"
+    s = plan.summary
+    assert (s.tensor_backed_layers, s.aliased_layers) == (15, 20)
+    assert s.pool_bytes == 15 * 12 * MiB == 188_743_680
+    assert s.bytes_per_block == 15 * 2 * 16384
+
+
+def test_gemma4_geometry() -> None:
+    g = kvcached_geometry(gemma(), pool_layout="per-layer")
+    assert (g.per_layer, g.contiguous, g.attention_type) == (True, False, "MHA")
+    assert (g.num_pools, g.num_kv_buffers, g.cell_size, g.block_mem_bytes) == (15, 2, 512, 16384)
+    assert (g.kv_bytes, g.ftensor_bytes, g.num_blocks) == (6 * MiB, 12 * MiB, 384)
+    assert g.compound_page_bytes == 2 * MiB  # one page per pool, not P x L x 2
+
+
+def test_gemma4_views_are_kvcached_per_layer_tensors() -> None:
+    plan = per_layer(gemma())
+    assert len(plan.views) == 15
+    for v in plan.views:
+        full = int(v.layer.split(".")[3]) % 5 == 4  # every fifth gemma-4 layer is full attention
+        assert (v.shape, v.stride) == (FULL if full else SLIDING), v.layer
+        assert v.offset_bytes == 0 and v.dtype == "bfloat16"
+        assert v.kind == ("FullAttentionSpec" if full else "SlidingWindowSpec")
+
+
+def test_gemma4_sharers_alias_their_target() -> None:
+    plan = per_layer(gemma())
+    aliases = {a.layer: a.target for a in plan.aliases}
+    # layers 15..34 share the last layer of their type before them: 13 (sliding) or 14 (full)
+    expected = {GEMMA_LAYER(n): GEMMA_LAYER(14 if n % 5 == 4 else 13) for n in range(15, 35)}
+    assert aliases == expected
+    views = {v.layer: v for v in plan.views}
+    assert views[GEMMA_LAYER(13)].pool == "kv_11" and views[GEMMA_LAYER(14)].pool == "kv_14"
+    assert not set(aliases) & set(views)
+
+
+def test_fixture_count_recorded_for_the_group_index_layouts_is_reported() -> None:
+    plan, problems = build_legacy_plan(
+        load("gemma-4-e2b"), strategy="kvcached", pool_layout="per-layer"
+    )
+    assert plan is None and problems[0].code is Code.POOL_COUNT_MISMATCH
+    assert "counts 3 pools" in problems[0].message and "binds 15" in problems[0].message
+    # and the per-layer count is wrong for the group-index layouts
+    _, problems = build_legacy_plan(gemma(), strategy="kvcached", pool_layout="noncontiguous")
+    assert problems[0].code is Code.POOL_COUNT_MISMATCH and "per-layer" in problems[0].message
+
+
+def test_inflated_per_layer_count_is_reported() -> None:
+    data = json.loads((ROOT / "tests/data/bad/KVP602-per-layer-inflated-pools.json").read_text())
+    doc = LegacyInputDocument.model_validate(data)
+    assert (doc.binding.pool_layout, doc.scheduler_num_layers) == ("per-layer", 35)
+    errors = [d for d in validate(doc) if d.is_error]
+    assert [d.code for d in errors] == [Code.POOL_COUNT_MISMATCH]
+    assert "counts 35 pools" in errors[0].message and "20 runner-only" in errors[0].message
+    with pytest.raises(KVPlanError) as info:
+        kvcached_geometry(doc)
+    assert info.value.code is Code.POOL_COUNT_MISMATCH
+
+
+# -- llama and MLA ----------------------------------------------------------------------------
+
+# (fixture, pools, pool bytes, blocks per pool, view shape, view stride)
+OTHERS = {
+    # bm = 16 x 8 x 128 x 2 B = 32768 B; 32 blocks = 1 MiB -> kv_bytes 2 MiB, N_v = 64;
+    # h = 16 x 8 x 128 = 16384; V half at 2 MiB / 2 B = 1048576 elements; pool = K + V = 4 MiB
+    "llama-3.1-8b": (32, 4 * MiB, 64, [64, 2, 16, 8, 128], [16384, 1048576, 1024, 128, 1]),
+    # MLA, one buffer aligned to 2 pages: bm = 64 x 576 x 2 B = 73728 B; 16 blocks -> 4 MiB,
+    # N_v = 4194304 // 73728 = 56; dense (56, 64, 576)
+    "deepseek-v2-lite-mla": (27, 4 * MiB, 56, [56, 64, 576], [36864, 576, 1]),
+    # bs 128 with 64-token kernel blocks: bm = 147456 B; 8 blocks -> 4 MiB, N_v = 28,
+    # viewed as 28 x 2 kernel blocks (the contiguous layout refuses this split)
+    "deepseek-v2-lite-mla-bs128": (27, 4 * MiB, 28, [56, 64, 576], [36864, 576, 1]),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHERS))
+def test_single_group_fixtures(name: str) -> None:
+    pools, size, blocks, shape, stride = OTHERS[name]
+    doc = load(name)
+    assert doc.scheduler_num_layers == pools  # one group: per-layer = group-index count
+    plan = per_layer(doc)
+    assert [p.name for p in plan.pools] == [f"kv_{i}" for i in range(pools)]
+    assert {(p.size_bytes, p.num_blocks) for p in plan.pools} == {(size, blocks)}
+    assert [v.pool for v in plan.views] == [f"kv_{i}" for i in range(pools)]
+    assert {(tuple(v.shape), tuple(v.stride), v.offset_bytes) for v in plan.views} == {
+        (tuple(shape), tuple(stride), 0)
+    }
+    assert plan.aliases == []
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b", *OTHERS])
+def test_views_equal_the_kvcached_model(name: str) -> None:
+    """Each pool is one of kvcached's non-contiguous per-layer tensors (torch-built views)."""
+    doc = gemma() if name == "gemma-4-e2b" else load(name)
+    plan = per_layer(doc)
+    pools = len(plan.pools)
+    device = pools * plan.pools[0].size_bytes  # kvcached sizes each pool as device // L
+    expected: dict[int, emu.Geometry] = {}
+    for info in doc.attn_groups:
+        spec = doc.kv_cache_config.kv_cache_groups[info.kv_cache_group_id].kv_cache_spec
+        assert info.kv_cache_shape is not None and info.block_dim is not None
+        shape = list(info.kv_cache_shape)
+        shape[info.block_dim] = doc.kv_cache_config.num_blocks
+        shape[1 if len(shape) == 3 else 2] = spec.block_size
+        kbs = (doc.kernel_block_sizes or [])[info.kv_cache_group_id]
+        dtype = getattr(torch, spec.dtype)  # type: ignore[attr-defined]
+        kind = "MLA" if len(shape) == 3 else "MHA"
+        a = emu.alloc(tuple(shape), spec.block_size, dtype, pools, kind, device, False, kbs)
+        expected[info.kv_cache_group_id] = a.views[0]
+    for v in plan.views:
+        assert emu.Geometry(v.shape, v.stride, v.offset_bytes) == expected[v.group], v.layer
+
+
+def test_mamba_is_refused_with_the_reason() -> None:
+    doc = load("jamba-v0.1-hybrid").model_copy(update={"scheduler_num_layers": None})
+    with pytest.raises(KVPlanError) as info:
+        plan_legacy(doc, strategy="kvcached", pool_layout="per-layer")
+    assert info.value.code is Code.KVCACHED_UNSUPPORTED
+    assert "no Mamba state views" in str(info.value)
+    with pytest.raises(KVPlanError):
+        kvcached_geometry(doc, pool_layout="per-layer")
+
+
+# -- execution --------------------------------------------------------------------------------
+
+PLANS = {"gemma-4-e2b": lambda: per_layer(gemma())} | {
+    name: (lambda n=name: per_layer(load(n))) for name in OTHERS
+}
+
+
+@pytest.mark.parametrize("backend", ["host-vmm", "torch"])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_apply_and_verify(name: str, backend: str) -> None:
+    plan = PLANS[name]()
+    assert validate(plan) == []
+    bound = apply(plan, backend=backend, device="cpu")
+    try:
+        assert verify(plan, bound.tensors, pools=bound.pools) == []
+        for alias in plan.aliases:
+            assert bound.tensors[alias.layer] is bound.tensors[alias.target]
+        assert len({bound.pools[p.name].data_ptr() for p in plan.pools}) == len(plan.pools)
+    finally:
+        bound.close()
+
+
+@pytest.mark.parametrize("backend", ["host-vmm", "torch"])
+def test_gemma4_sharers_read_their_targets_cache(backend: str) -> None:
+    bound = apply(per_layer(gemma()), backend=backend, device="cpu")
+    try:
+        t = bound.tensors
+        t[GEMMA_LAYER(13)][5, 1].fill_(3.0)
+        assert torch.all(t[GEMMA_LAYER(33)][5, 1] == 3.0)  # 33 shares 13 (sliding)
+        assert t[GEMMA_LAYER(34)] is t[GEMMA_LAYER(14)]  # full
+        # unlike the group-index layouts, layers 5 (sliding) and 9 (full) own separate pools
+        t[GEMMA_LAYER(5)][5].fill_(0)
+        t[GEMMA_LAYER(9)][5].fill_(7.0)
+        assert torch.all(t[GEMMA_LAYER(5)][5] == 0)
+    finally:
+        bound.close()
+
+
+def test_cli_plans_per_layer(tmp_path: Path) -> None:
+    path = tmp_path / "gemma.json"
+    path.write_text(gemma().model_dump_json())
+    args = ["plan", str(path), "--strategy", "kvcached", "--pool-layout", "per-layer"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["source"]["layout"] == "kvcached/per-layer"
+    assert (len(data["pools"]), len(data["aliases"])) == (15, 20)
