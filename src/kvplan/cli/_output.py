@@ -25,9 +25,14 @@ def _no_color() -> bool:
     return "NO_COLOR" in os.environ and os.environ["NO_COLOR"] != ""
 
 
+PIPE_WIDTH = 200
+"""Table width when stdout is not a terminal and ``COLUMNS`` is unset (files, pipes, CI logs)."""
+
+
 def stdout_console() -> Console:
-    """Console for data (tables, documents)."""
-    return Console(no_color=_no_color(), highlight=False, soft_wrap=True)
+    """Console for data (tables, documents); wide when piped, so tables do not wrap."""
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(no_color=_no_color(), highlight=False, soft_wrap=True, width=width)
 
 
 def stderr_console() -> Console:
