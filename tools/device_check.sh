@@ -9,9 +9,10 @@ OUT=${OUT:-./gpu_out}
 export OUT
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
+  site=$(mktemp -d)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/kvplan-site .whl/*.whl || exit 2
-  export PYTHONPATH=/tmp/kvplan-site
+    --target "$site" .whl/*.whl || exit 2
+  export PYTHONPATH=$site
 fi
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0

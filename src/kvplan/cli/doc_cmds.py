@@ -21,6 +21,7 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
+from kvplan.cli._tables import pools_table
 from kvplan.planner import diff_plans, validate
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import KVPlanError
@@ -49,18 +50,7 @@ def render_plan(plan: BindingPlan) -> None:
         f"plan {plan.fingerprint[:19]}…  vLLM {src.vllm_version or '?'}  "
         f"layout {src.layout or '-'}  blocks {src.num_blocks}"
     )
-    pools = Table(title="pools")
-    for col in ("name", "size", "bytes", "alignment", "blocks"):
-        pools.add_column(col, justify="left" if col == "name" else "right")
-    for p in plan.pools:
-        pools.add_row(
-            p.name,
-            human_bytes(p.size_bytes),
-            str(p.size_bytes),
-            str(p.alignment_bytes),
-            str(p.num_blocks),
-        )
-    console.print(pools)
+    console.print(pools_table(plan))
     views = Table(title="views")
     for col in ("group", "layer", "kind", "dtype", "shape", "stride", "offset"):
         views.add_column(col, justify="right" if col in ("group", "offset") else "left")

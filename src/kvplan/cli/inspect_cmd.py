@@ -19,6 +19,7 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
+from kvplan.cli._tables import pools_table
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import KVPlanError
 from kvplan.units import human_bytes
@@ -175,18 +176,7 @@ def render(result: InspectResult) -> None:
         f"{config.num_blocks:,} blocks; tokens that fit: {result.capacity_tokens:,} "
         f"(max concurrency {result.max_concurrency:.2f}x at {result.max_model_len:,} tokens)"
     )
-    pools = Table(title="pools")
-    for column in ("name", "size", "bytes", "alignment", "blocks"):
-        pools.add_column(column, justify="left" if column == "name" else "right")
-    for pool in plan.pools:
-        pools.add_row(
-            pool.name,
-            human_bytes(pool.size_bytes),
-            f"{pool.size_bytes:,}",
-            str(pool.alignment_bytes),
-            f"{pool.num_blocks:,}",
-        )
-    console.print(pools)
+    console.print(pools_table(plan))
     prefix, suffix = _prefix(plan.layers), _suffix(plan.layers)
     if len(prefix) + len(suffix) >= min(len(name) for name in plan.layers):
         prefix = suffix = ""

@@ -187,6 +187,18 @@ class _MLAPage:
     alignment: int | None
     page_size_padded: int | None
 
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        return self._mla_real()
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self._mla_page()
+
     def _mla_real(self) -> int:
         storage = self.block_size // self.compress_ratio
         if self.cache_dtype_str == "fp8_ds_mla":
@@ -211,18 +223,6 @@ class LegacyMLAAttentionSpec(_MLAPage, LegacyFullAttentionSpec):
     compress_ratio: int = Field(default=1, gt=0)
     model_version: str | None = None
 
-    @property
-    def storage_block_size(self) -> int:
-        return self.block_size // self.compress_ratio
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        return self._mla_real()
-
-    @property
-    def page_size_bytes(self) -> int:
-        return self._mla_page()
-
 
 class LegacyHiddenStateCacheSpec(LegacyMLAAttentionSpec):
     kind: Literal["HiddenStateCacheSpec"] = "HiddenStateCacheSpec"  # type: ignore[assignment]
@@ -236,18 +236,6 @@ class LegacySlidingWindowMLASpec(_MLAPage, LegacySlidingWindowSpec):
     alignment: int | None = Field(default=None, gt=0)
     compress_ratio: int = Field(default=1, gt=0)
     model_version: str | None = None
-
-    @property
-    def storage_block_size(self) -> int:
-        return self.block_size // self.compress_ratio
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        return self._mla_real()
-
-    @property
-    def page_size_bytes(self) -> int:
-        return self._mla_page()
 
 
 class LegacyMambaSpec(LegacySpec):
