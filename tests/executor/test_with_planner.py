@@ -13,12 +13,9 @@ from kvplan.executor import apply, verify
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
+from tests.core import builders
 from tests.executor.patterns import fill_pattern, vanilla
 from tests.executor.test_page_index import as_bytes, brute_force
-
-builders = pytest.importorskip("tests.core.builders")
-if not hasattr(kvplan, "plan"):  # pragma: no cover - the planner has not landed
-    pytest.skip("kvplan.plan is not available", allow_module_level=True)
 
 DOCS: dict[str, Callable[[], dict[str, Any]]] = {
     "llama": lambda: builders.llama(num_blocks=32),
