@@ -99,14 +99,24 @@ def test_gemma4_sharers_alias_their_target() -> None:
     assert not set(aliases) & set(views)
 
 
-def test_fixture_count_recorded_for_the_group_index_layouts_is_reported() -> None:
-    plan, problems = build_legacy_plan(
-        load("gemma-4-e2b"), strategy="kvcached", pool_layout="per-layer"
+def test_the_fixture_as_recorded_plans_per_layer_with_15_pools() -> None:
+    # its scheduler count (3) was recorded for the group-index engine core, not per-layer's
+    doc = load("gemma-4-e2b")
+    assert (doc.binding.pool_layout, doc.scheduler_num_layers) == ("noncontiguous", 3)
+    plan = per_layer(doc)
+    assert len(plan.pools) == 15 and len(plan.aliases) == 20
+
+
+def test_a_count_recorded_for_the_other_layout_family_is_reported() -> None:
+    recorded = load("gemma-4-e2b")
+    per_layer_doc = recorded.model_copy(
+        update={"binding": recorded.binding.model_copy(update={"pool_layout": "per-layer"})}
     )
+    plan, problems = build_legacy_plan(per_layer_doc)  # per-layer engine core said 3
     assert plan is None and problems[0].code is Code.POOL_COUNT_MISMATCH
     assert "counts 3 pools" in problems[0].message and "binds 15" in problems[0].message
     # and the per-layer count is wrong for the group-index layouts
-    _, problems = build_legacy_plan(gemma(), strategy="kvcached", pool_layout="noncontiguous")
+    _, problems = build_legacy_plan(gemma())
     assert problems[0].code is Code.POOL_COUNT_MISMATCH and "per-layer" in problems[0].message
 
 

@@ -273,6 +273,14 @@ def _shape_problem(r: Resolved, name: str, spec: LegacyAttentionSpec) -> str | N
 
 
 def _scheduler(r: Resolved, per_layer: bool) -> list[Diagnostic]:
+    """``scheduler_num_layers`` against the worker's pool count.
+
+    The recorded count belongs to the engine core of the document's own ``binding.pool_layout``
+    (per-layer, or the group-index layouts); binding with the other family (a CLI override)
+    asks a different engine core, whose count the document does not hold.
+    """
+    if (r.doc.binding.pool_layout == "per-layer") != per_layer:
+        return []
     expected, pools = r.doc.scheduler_num_layers, r.num_pools(per_layer)
     if expected is None or expected == pools:
         return []
