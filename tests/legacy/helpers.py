@@ -11,7 +11,12 @@ from kvplan.schemas.legacy import LegacyInputDocument, parse_legacy
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY = ROOT / "tests" / "data" / "legacy"
 FIXTURES = sorted(p.stem for p in LEGACY.glob("*.json"))
-STRATEGIES = [("vanilla", None), ("kvcached", "noncontiguous"), ("kvcached", "contiguous")]
+STRATEGIES = [
+    ("vanilla", None),
+    ("kvcached", "noncontiguous"),
+    ("kvcached", "contiguous"),
+    ("kvcached", "per-layer"),
+]
 
 
 def raw(name: str) -> dict[str, Any]:

@@ -28,9 +28,16 @@ PLANS = _plans()
 
 def test_plans_exist_for_every_strategy_of_the_gemma4_fixture() -> None:
     ids = {i for i, _ in PLANS}
-    for layout in ("vanilla/NHD", "kvcached/noncontiguous", "kvcached/contiguous"):
+    for layout in (
+        "vanilla/NHD",
+        "kvcached/noncontiguous",
+        "kvcached/contiguous",
+        "kvcached/per-layer",
+    ):
         assert f"gemma-4-e2b/{layout}" in ids
-    assert len(PLANS) == 19  # 8 vanilla + 6 + 5 kvcached (HND, no-HMA, bs128-contiguous refused)
+    # 8 vanilla + 6 + 5 + 5 kvcached (HND and no-HMA refused; bs128 contiguous refused;
+    # per-layer refuses the Mamba hybrid)
+    assert len(PLANS) == 24
 
 
 @pytest.mark.parametrize("backend", ["host-vmm", "torch"])
