@@ -150,3 +150,22 @@ def test_corruptions_give_diagnostics_never_other_exceptions(
         return
     result, problems = build_plan(doc)  # must not raise
     assert result is not None or any(d.is_error for d in problems)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), st.data())
+def test_corrupted_plans_give_diagnostics_never_other_exceptions(
+    data: dict[str, Any], draw: st.DataObject
+) -> None:
+    from kvplan.schemas.canonical import to_data
+    from kvplan.schemas.loading import parse_plan
+
+    plan_data = to_data(kvplan.plan(parse_input(data)))
+    path = draw.draw(st.sampled_from(_paths(plan_data, [])))
+    bad = _corrupt(plan_data, path, draw.draw(JUNK))
+    try:
+        plan = parse_plan(json.loads(json.dumps(bad)))
+    except KVPlanError as exc:
+        assert exc.diagnostics and all(d.code.value.startswith("KVP") for d in exc.diagnostics)
+        return
+    kvplan.validate(plan)  # must not raise
