@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Diagnostic
+from kvplan.schemas.legacy import LegacyMambaSpec
 from kvplan.schemas.plan import Alias, Pool, View
 
 
@@ -48,6 +50,35 @@ def state_views_offsets(sizes: Sequence[int]) -> list[int]:
         out.append(at)
         at += size
     return out
+
+
+def mamba_state_views(
+    layer: str, group: int, pool: str, spec: LegacyMambaSpec, blocks: int, step: int, base: int
+) -> list[View]:
+    """One view per state of a Mamba ``layer``, named ``<layer>#<i>``.
+
+    State ``i`` is ``[blocks, *shapes[i]]`` of ``dtypes[i]``: dense within a page, pages
+    ``step`` bytes apart, the first page at byte ``base`` of ``pool``; states packed back to back.
+    """
+    views = []
+    offsets = state_views_offsets(spec.state_bytes)
+    for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes, strict=True)):
+        full = [blocks, *shape]
+        stride = dense_strides(full)
+        stride[0] = step // itemsize(dtype)
+        views.append(
+            View(
+                layer=f"{layer}#{i}",
+                group=group,
+                pool=pool,
+                kind=spec.kind,
+                dtype=dtype,
+                shape=full,
+                stride=stride,
+                offset_bytes=base + offsets[i],
+            )
+        )
+    return views
 
 
 def aliases_of(sharers: dict[str, str]) -> list[Alias]:

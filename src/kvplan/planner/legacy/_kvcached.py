@@ -18,7 +18,7 @@ from kvplan.planner.legacy._binding import (
     Binding,
     aliases_of,
     dense_strides,
-    state_views_offsets,
+    mamba_state_views,
 )
 from kvplan.planner.legacy._resolve import Resolved
 from kvplan.schemas.dtypes import itemsize
@@ -390,31 +390,9 @@ def _mamba_views(
     r: Resolved, geo: KvcachedGeometry, first: _Group, layer: str, spec: LegacyMambaSpec, i: int
 ) -> list[View]:
     page = 2 * _block_mem(first, HYBRID)  # == spec.page_size_bytes (checked)
-    views = []
-    offsets = state_views_offsets(spec.state_bytes)
-    for k, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes, strict=True)):
-        isz = itemsize(dtype)
-        if geo.contiguous:
-            blocks, step, base = geo.num_blocks, geo.num_pools * page, i * page
-        else:
-            blocks, step, base = (
-                geo.num_blocks * page // spec.page_size_bytes,
-                spec.page_size_bytes,
-                0,
-            )
-        full = [blocks, *shape]
-        stride = dense_strides(full)
-        stride[0] = step // isz
-        views.append(
-            View(
-                layer=f"{layer}#{k}",
-                group=r.group_of[layer],
-                pool=_pool(geo, i),
-                kind=spec.kind,
-                dtype=dtype,
-                shape=full,
-                stride=stride,
-                offset_bytes=base + offsets[k],
-            )
-        )
-    return views
+    if geo.contiguous:
+        blocks, step, base = geo.num_blocks, geo.num_pools * page, i * page
+    else:
+        blocks = geo.num_blocks * page // spec.page_size_bytes
+        step, base = spec.page_size_bytes, 0
+    return mamba_state_views(layer, r.group_of[layer], _pool(geo, i), spec, blocks, step, base)

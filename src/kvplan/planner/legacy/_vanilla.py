@@ -17,8 +17,8 @@ from kvplan.planner.legacy._binding import (
     aliases_of,
     dense_strides,
     inverse,
+    mamba_state_views,
     permute,
-    state_views_offsets,
 )
 from kvplan.planner.legacy._resolve import Resolved
 from kvplan.schemas.dtypes import itemsize
@@ -106,23 +106,6 @@ def _mamba_views(r: Resolved, layer: str, spec: LegacyMambaSpec) -> list[View]:
     t = r.tensor_of[layer]
     tensor = r.doc.kv_cache_config.kv_cache_tensors[t]
     blocks = tensor.size // (tensor.block_stride or spec.page_size_bytes)
-    views = []
-    offsets = state_views_offsets(spec.state_bytes)
-    for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes, strict=True)):
-        isz = itemsize(dtype)
-        full = [blocks, *shape]
-        stride = dense_strides(full)
-        stride[0] = spec.page_size_bytes // isz
-        views.append(
-            View(
-                layer=f"{layer}#{i}",
-                group=r.group_of[layer],
-                pool=pool_name(r, t),
-                kind=spec.kind,
-                dtype=dtype,
-                shape=full,
-                stride=stride,
-                offset_bytes=offsets[i],
-            )
-        )
-    return views
+    return mamba_state_views(
+        layer, r.group_of[layer], pool_name(r, t), spec, blocks, spec.page_size_bytes, 0
+    )
