@@ -35,11 +35,16 @@ __all__ = ["capture", "spec_class", "spec_classes", "to_vllm", "worker_form"]
 # -- vLLM -> document ---------------------------------------------------------------------
 
 
-def _encode(value: Any) -> Any:
-    """A vLLM value in kvplan's JSON form."""
-    from vllm.v1.attention.backend import MultipleOf
-    from vllm.v1.kv_cache_interface import KVCacheSpec
+def _is_spec(value: Any) -> bool:
+    """A vLLM ``KVCacheSpec`` instance (by class name: works for every vLLM version)."""
+    return any(cls.__name__ == "KVCacheSpec" for cls in type(value).__mro__)
 
+
+def encode_value(value: Any) -> Any:
+    """A vLLM value (spec, dtype, enum, Fraction, MultipleOf, containers) in kvplan's JSON form.
+
+    Imports nothing from vLLM, so it serves the 0.22-0.24 capture too.
+    """
     if value is None or isinstance(value, bool | str | float):
         return value
     if isinstance(value, Enum):  # before int: KVQuantMode is an IntEnum
@@ -52,21 +57,21 @@ def _encode(value: Any) -> Any:
         if value.denominator == 1:
             return value.numerator
         return f"{value.numerator}/{value.denominator}"
-    if isinstance(value, MultipleOf):
+    if type(value).__name__ == "MultipleOf":
         return {"multiple_of": value.base}
-    if isinstance(value, KVCacheSpec):
+    if _is_spec(value):
         return {"kind": type(value).__name__, **_encode_fields(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _encode_fields(value)
     if isinstance(value, Mapping):
-        return {str(key): _encode(item) for key, item in value.items()}
+        return {str(key): encode_value(item) for key, item in value.items()}
     if isinstance(value, Sequence):
-        return [_encode(item) for item in value]
+        return [encode_value(item) for item in value]
     raise TypeError(f"kvplan cannot encode a {type(value).__name__} ({value!r})")
 
 
 def _encode_fields(obj: Any) -> dict[str, Any]:
-    return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    return {f.name: encode_value(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
 
 
 def worker_form(

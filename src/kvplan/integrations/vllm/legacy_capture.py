@@ -8,9 +8,7 @@ backend is asked for the shape, stride order and block dim it gives the runner.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from enum import Enum
 from typing import Any
 
 from kvplan.schemas.legacy import BindingOptions, LegacyInputDocument, parse_legacy
@@ -18,30 +16,12 @@ from kvplan.schemas.legacy import BindingOptions, LegacyInputDocument, parse_leg
 __all__ = ["backend_facts", "capture_legacy", "capture_runner", "encode_spec"]
 
 
-def _encode(value: Any) -> Any:
-    import torch
-
-    if value is None or isinstance(value, bool | str | float):
-        return value
-    if isinstance(value, Enum):  # before int: KVQuantMode is an IntEnum
-        return value.name
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return encode_spec(value)
-    if isinstance(value, Mapping):
-        return {str(key): _encode(item) for key, item in value.items()}
-    if isinstance(value, Sequence):
-        return [_encode(item) for item in value]
-    raise TypeError(f"kvplan cannot encode a {type(value).__name__} ({value!r})")
-
-
 def encode_spec(spec: Any) -> dict[str, Any]:
     """A 0.24 ``KVCacheSpec`` as ``{kind: <class name>, <field>: <value>, ...}``."""
-    fields = {f.name: _encode(getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.init}
-    return {"kind": type(spec).__name__, **fields}
+    from kvplan.integrations.vllm.capture import encode_value
+
+    encoded: dict[str, Any] = encode_value(spec)
+    return encoded
 
 
 def _num_blocks_of(layer: str, cfg: Any, page: int) -> int:
