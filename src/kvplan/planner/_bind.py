@@ -13,6 +13,7 @@ from kvplan.planner._geometry import GeometryError, tensor_geometry
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
+from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import Alias, Pool, View
 from kvplan.schemas.specs import Spec, layer_spec
 
@@ -102,15 +103,12 @@ def _tensor_views(
     group: int,
     spec: Spec,
     num_blocks: int,
-    layout: object,
+    layout: KVCacheLayout,
     layer_stride: int,
     block_stride: int,
     offset: int,
     kernel: int | None,
 ) -> list[View] | Diagnostic:
-    from kvplan.schemas.layout import KVCacheLayout
-
-    assert isinstance(layout, KVCacheLayout)
     loc = f"kv_cache_config.kv_cache_tensors[{t_index}]"
     geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel)
     if isinstance(geo, GeometryError):

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from kvplan.planner._overlap import find_overlaps
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
-from kvplan.schemas.plan import BindingPlan, View
+from kvplan.schemas.plan import BindingPlan, Pool, View
 
 INT64_MAX = (1 << 63) - 1
 VMM_GRANULARITY = 2 << 20
@@ -83,10 +83,8 @@ def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> list
     return out
 
 
-def _check_view(view: View, pool: object) -> Diagnostic | None:
-    from kvplan.schemas.plan import Pool
-
-    if not isinstance(pool, Pool):
+def _check_view(view: View, pool: Pool | None) -> Diagnostic | None:
+    if pool is None:
         return error(
             Code.UNKNOWN_POOL,
             view.layer,

@@ -60,9 +60,9 @@ def encode_value(value: Any) -> Any:
     if type(value).__name__ == "MultipleOf":
         return {"multiple_of": value.base}
     if _is_spec(value):
-        return {"kind": type(value).__name__, **_encode_fields(value)}
+        return {"kind": type(value).__name__, **encode_fields(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _encode_fields(value)
+        return encode_fields(value)
     if isinstance(value, Mapping):
         return {str(key): encode_value(item) for key, item in value.items()}
     if isinstance(value, Sequence):
@@ -70,7 +70,8 @@ def encode_value(value: Any) -> Any:
     raise TypeError(f"kvplan cannot encode a {type(value).__name__} ({value!r})")
 
 
-def _encode_fields(obj: Any) -> dict[str, Any]:
+def encode_fields(obj: Any) -> dict[str, Any]:
+    """Each init field of dataclass ``obj``, encoded by :func:`encode_value`."""
     return {f.name: encode_value(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
 
 
@@ -136,7 +137,7 @@ def capture(
     import vllm
 
     config, appended = worker_form(kv_cache_config, shared_kv_cache_layers)
-    data = _encode_fields(config)
+    data = encode_fields(config)
     if layout is not None:
         wanted = parse_layout(layout).name
         stamped = data.get("kv_cache_layout")

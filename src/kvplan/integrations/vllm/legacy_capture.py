@@ -18,10 +18,9 @@ __all__ = ["backend_facts", "capture_legacy", "capture_runner", "encode_spec"]
 
 def encode_spec(spec: Any) -> dict[str, Any]:
     """A 0.24 ``KVCacheSpec`` as ``{kind: <class name>, <field>: <value>, ...}``."""
-    from kvplan.integrations.vllm.capture import encode_value
+    from kvplan.integrations.vllm.capture import encode_fields
 
-    encoded: dict[str, Any] = encode_value(spec)
-    return encoded
+    return {"kind": type(spec).__name__, **encode_fields(spec)}
 
 
 def _num_blocks_of(layer: str, cfg: Any, page: int) -> int:
