@@ -46,7 +46,7 @@ def parse_text(text: str, name: str = "<text>") -> Any:
                     error(
                         Code.MALFORMED,
                         name,
-                        f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                        f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
                         "fix the syntax",
                     )
                 ) from None
