@@ -1,0 +1,442 @@
+"""Inline SVG of one pool: the address band with its groups overlaid, sharers, the block zoom.
+
+Every name from the plan goes through :func:`esc`; every shape carries a ``<title>`` with its
+exact figures (shown on hover, no script). Colour is never the only carrier: groups also get
+their own hatching and a ``gN`` label, changed items a text mark.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from html import escape
+from typing import Literal
+
+from kvplan.render._geometry import (
+    block_stride_bytes,
+    dense_page_bytes,
+    interleaved,
+    is_padded,
+    short,
+    short_kind,
+    zoom,
+)
+from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
+from kvplan.units import human_bytes
+
+Mark = Literal["added", "removed", "changed"]
+MARK_TEXT: dict[str, str] = {"added": "+", "removed": "−", "changed": "Δ"}
+
+# Okabe–Ito (colour-blind safe), with a hatching per group for print and greyscale.
+OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"]
+HATCH = [
+    '<path d="M0,8 L8,0" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
+    '<path d="M0,0 L8,8" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
+    '<circle cx="4" cy="4" r="1.3" fill="#000" fill-opacity=".4"/>',
+    '<path d="M0,4 L8,4" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
+    '<path d="M4,0 L4,8" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
+    '<path d="M0,8 L8,0 M0,0 L8,8" stroke="#000" stroke-opacity=".3" stroke-width="1"/>',
+    '<path d="M0,4 L8,4 M4,0 L4,8" stroke="#000" stroke-opacity=".3" stroke-width="1"/>',
+]
+CHAR_W = 6.4  # px per character at the 11 px font
+LEFT = 124  # label column
+ROW_H = 22
+ROW_GAP = 4
+ZOOM_H = 30
+
+
+def esc(text: object) -> str:
+    return escape(str(text), quote=True)
+
+
+def exact(n: int) -> str:
+    return f"{human_bytes(n)} ({n:,} B)"
+
+
+def defs() -> str:
+    """Patterns and the arrowhead, once per page (SVGs of one page share ids)."""
+    parts = ['<svg width="0" height="0" style="position:absolute" aria-hidden="true"><defs>']
+    for i, (colour, hatch) in enumerate(zip(OKABE_ITO, HATCH, strict=True)):
+        parts.append(
+            f'<pattern id="g{i}" width="8" height="8" patternUnits="userSpaceOnUse">'
+            f'<rect width="8" height="8" fill="{colour}" fill-opacity=".55"/>{hatch}</pattern>'
+        )
+    parts.append(
+        '<pattern id="pad" width="6" height="6" patternUnits="userSpaceOnUse">'
+        '<rect width="6" height="6" fill="#fff"/>'
+        '<path d="M0,6 L6,0" stroke="#555" stroke-width="1"/></pattern>'
+        '<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        'fill="#222"/></marker></defs></svg>'
+    )
+    return "".join(parts)
+
+
+def fill(group: int) -> str:
+    return f"url(#g{group % len(OKABE_ITO)})"
+
+
+def text_fits(text: str, width: float) -> bool:
+    return len(text) * CHAR_W + 4 <= width
+
+
+def fit(text: str, width: float) -> str:
+    """``text`` cut with an ellipsis to ``width`` px ("" when not even one character fits)."""
+    if text_fits(text, width):
+        return text
+    n = int((width - 4) / CHAR_W) - 1
+    return text[:n] + "…" if n >= 1 else ""
+
+
+def view_title(view: View, pool: Pool) -> str:
+    lo, hi = view.byte_extent
+    lines = [
+        view.layer,
+        f"group {view.group} · {view.kind} · pool {view.pool}",
+        f"dtype {view.dtype} · shape {view.shape} · stride {view.stride} (elements)",
+        f"offset {exact(view.offset_bytes)}",
+        f"bytes [{lo:,}, {hi:,}) of {pool.size_bytes:,}: {exact(hi - lo)}",
+    ]
+    if len(view.shape) >= 2:
+        page = dense_page_bytes(view)
+        stride = block_stride_bytes(view)
+        pad = f", padded to {exact(stride)}" if is_padded(view) else ""
+        lines.append(f"block page {exact(page)}{pad}; block stride {exact(stride)}")
+    return "\n".join(lines)
+
+
+def _t(x: float, y: float, text: str, cls: str = "", anchor: str = "start") -> str:
+    c = f' class="{cls}"' if cls else ""
+    a = f' text-anchor="{anchor}"' if anchor != "start" else ""
+    return f'<text x="{x:.1f}" y="{y:.1f}"{c}{a}>{esc(text)}</text>'
+
+
+def _rect(
+    x: float, y: float, w: float, h: float, paint: str, title: str, cls: str = ""
+) -> str:
+    c = f' class="{cls}"' if cls else ""
+    return (
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 1.0):.1f}" height="{h:.1f}" '
+        f'fill="{paint}"{c}><title>{esc(title)}</title></rect>'
+    )
+
+
+@dataclass
+class Marks:
+    """Diff marks for one side: pool, view and alias names → added/removed/changed."""
+
+    pools: dict[str, Mark] = field(default_factory=dict)
+    views: dict[str, Mark] = field(default_factory=dict)
+    aliases: dict[str, Mark] = field(default_factory=dict)
+
+    def tag(self, kind: Literal["pools", "views", "aliases"], name: str) -> str:
+        mark = getattr(self, kind).get(name)
+        return MARK_TEXT[mark] if mark else ""
+
+
+@dataclass
+class _Stripe:
+    x: float
+    w: float
+    views: list[View]
+
+
+def _stripes(views: list[View], x0: float, scale: float, min_w: float = 18.0) -> list[_Stripe]:
+    """One stripe per view, or runs of consecutive views merged where they would be too thin."""
+    out: list[_Stripe] = []
+    for view in sorted(views, key=lambda v: v.byte_extent):
+        lo, hi = view.byte_extent
+        x, w = x0 + lo * scale, (hi - lo) * scale
+        last = out[-1] if out else None
+        if last is not None and last.w < min_w and x - (last.x + last.w) < 1.0:
+            last.w = x + w - last.x
+            last.views.append(view)
+        else:
+            out.append(_Stripe(x, w, [view]))
+    return out
+
+
+def _stripe_label(stripe: _Stripe, marks: Marks) -> str:
+    views = stripe.views
+    tag = "".join(sorted({marks.tag("views", v.layer) for v in views}))
+    if len(views) == 1:
+        return tag + short(views[0].layer)
+    return f"{tag}{short(views[0].layer)}…{short(views[-1].layer)} ({len(views)})"
+
+
+def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks) -> str:
+    parts = []
+    for view in stripe.views[:24]:
+        mark = marks.views.get(view.layer)
+        head = f"[{mark}] " if mark else ""
+        parts.append(head + view_title(view, pool))
+    if len(stripe.views) > 24:
+        parts.append(f"… and {len(stripe.views) - 24} more views (see the views table)")
+    return "\n\n".join(parts)
+
+
+def pool_band(
+    plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Marks
+) -> str:
+    """The pool as an address band to scale, one row per group overlaid from byte 0, sharers."""
+    views = [v for v in plan.views if v.pool == pool.name]
+    by_group: dict[int, list[View]] = defaultdict(list)
+    for view in views:
+        by_group[view.group].append(view)
+    groups = sorted(by_group)
+    band_w = max(pool.size_bytes * scale, 40.0)
+    px = band_w / max(pool.size_bytes, 1)
+    top = 40
+    out: list[str] = []
+    tag = marks.tag("pools", pool.name)
+    out.append(
+        _t(
+            0,
+            14,
+            f"{tag}pool {pool.name} · {human_bytes(pool.size_bytes)} ({pool.size_bytes:,} B) · "
+            f"alignment {pool.alignment_bytes:,} B · {pool.num_blocks:,} blocks",
+            "h",
+        )
+    )
+    rows_h = max(len(groups), 1) * (ROW_H + ROW_GAP)
+    out.append(
+        f'<rect x="{LEFT}" y="{top - 4}" width="{band_w:.1f}" height="{rows_h + 4}" '
+        f'class="{"band marked" if tag else "band"}"><title>{esc(_pool_title(pool, marks))}'
+        f"</title></rect>"
+    )
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        x = LEFT + frac * band_w
+        anchor = "start" if frac == 0 else ("end" if frac == 1 else "middle")
+        out.append(f'<path d="M{x:.1f},{top - 10} v6" class="tick"/>')
+        out.append(_t(x, top - 13, human_bytes(int(pool.size_bytes * frac)), "s", anchor))
+    centres: dict[str, tuple[float, float, float, float]] = {}  # x, w, y of the bottom
+    for row, gid in enumerate(groups):
+        y = top + row * (ROW_H + ROW_GAP)
+        members = by_group[gid]
+        label = f"g{gid} {short_kind(members[0].kind)}"
+        out.append(_t(0, y + 15, fit(label, LEFT - 6)))
+        if interleaved(members) and len(members) > 1:
+            lo = min(v.byte_extent[0] for v in members)
+            hi = max(v.byte_extent[1] for v in members)
+            names = " ".join(short(v.layer) for v in members[:12])
+            more = f" +{len(members) - 12}" if len(members) > 12 else ""
+            tags = "".join(sorted({marks.tag("views", v.layer) for v in members}))
+            text = f"{tags}{names}{more} interleaved block by block (see zoom)"
+            stripe = _Stripe(LEFT + lo * px, (hi - lo) * px, members)
+            out.append(
+                _rect(stripe.x, y, stripe.w, ROW_H, fill(gid), _stripe_title(stripe, pool, marks),
+                      "stripe marked" if tags else "stripe")
+            )
+            out.append(_t(stripe.x + 4, y + 15, fit(text, stripe.w - 6), "lbl"))
+            for view in members:
+                centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
+            continue
+        for stripe in _stripes(members, LEFT, px):
+            label = _stripe_label(stripe, marks)
+            marked = any(marks.views.get(v.layer) for v in stripe.views)
+            out.append(
+                _rect(
+                    stripe.x, y, stripe.w, ROW_H, fill(gid), _stripe_title(stripe, pool, marks),
+                    "stripe marked" if marked else "stripe",
+                )
+            )
+            if text_fits(label, stripe.w) or text_fits(label := fit(label, stripe.w), stripe.w):
+                out.append(_t(stripe.x + stripe.w / 2, y + 15, label, "lbl", "middle"))
+            for view in stripe.views:
+                centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
+    y = top + rows_h + 6
+    aliases = [a for a in plan.aliases if a.target in centres]
+    if aliases:
+        lane, y = _sharers(aliases, centres, y, width, marks)
+        out.append(lane)
+    return _svg(width, y + 4, "".join(out), f"pool {pool.name}")
+
+
+def _pool_title(pool: Pool, marks: Marks) -> str:
+    mark = marks.pools.get(pool.name)
+    return (
+        f"{'[' + mark + '] ' if mark else ''}pool {pool.name}\nsize {exact(pool.size_bytes)}\n"
+        f"alignment {pool.alignment_bytes:,} B\nblocks {pool.num_blocks:,}"
+    )
+
+
+def _sharers(
+    aliases: list[Alias],
+    centres: dict[str, tuple[float, float, float, float]],
+    y: float,
+    width: int,
+    marks: Marks,
+) -> tuple[str, float]:
+    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow to the target."""
+    by_target: dict[str, list[Alias]] = defaultdict(list)
+    for alias in aliases:
+        by_target[alias.target].append(alias)
+    targets = sorted(by_target, key=lambda t: centres[t])
+    chip_w = max(max(len(short(a.layer)) + 1 for a in aliases) * CHAR_W + 8, 30.0)
+    gap, cluster_gap = 3.0, 14.0
+    avail = width - LEFT - 4
+    need = sum(len(by_target[t]) for t in targets) * (chip_w + gap) + cluster_gap * len(targets)
+    compact = need > avail
+    sizes = {
+        t: (chip_w * 3.2 if compact else len(by_target[t]) * (chip_w + gap) - gap) for t in targets
+    }
+    if compact and sum(sizes.values()) + cluster_gap * len(targets) > avail:
+        each = max((avail - cluster_gap * len(targets)) / max(len(targets), 1), 24.0)
+        sizes = dict.fromkeys(targets, each)
+    # pack clusters left to right near their targets, then shift back inside the width
+    xs: dict[str, float] = {}
+    cursor = float(LEFT)
+    for t in targets:
+        xs[t] = max(centres[t][0] + centres[t][1] / 2 - sizes[t] / 2, cursor)
+        cursor = xs[t] + sizes[t] + cluster_gap
+    overflow = cursor - cluster_gap - (width - 4)
+    if overflow > 0:
+        for t in targets:
+            xs[t] = max(xs[t] - overflow, float(LEFT))
+        cursor = float(LEFT)
+        for t in targets:  # re-pack so that shifted clusters do not overlap
+            xs[t] = max(xs[t], cursor)
+            cursor = xs[t] + sizes[t] + cluster_gap
+    lane_y = y + 34
+    out = [_t(0, lane_y + 13, "sharers (own 0 B)")]
+    arrows: list[str] = []
+    for t in targets:
+        x, members = xs[t], by_target[t]
+        sx, sw, ty, _ = centres[t]
+        bus_mid = x + sizes[t] / 2
+        inset = min(8.0, sw / 2)
+        tx = min(max(bus_mid, sx + inset), sx + sw - inset)
+        if compact:
+            names = ", ".join(a.layer for a in members)
+            label = f"{len(members)}→{short(t)}"
+            marked = "".join(sorted({marks.tag("aliases", a.layer) for a in members}))
+            out.append(
+                _rect(x, lane_y, sizes[t], 18, "#fff",
+                      f"{len(members)} sharers read {t} (own 0 bytes): {names}",
+                      "chip marked" if marked else "chip")
+            )
+            out.append(_t(x + sizes[t] / 2, lane_y + 13, fit(marked + label, sizes[t]), "s",
+                          "middle"))
+        else:
+            for i, alias in enumerate(members):
+                cx = x + i * (chip_w + gap)
+                tag = marks.tag("aliases", alias.layer)
+                mark = marks.aliases.get(alias.layer)
+                title = (
+                    f"{'[' + mark + '] ' if mark else ''}{alias.layer}\nKV sharing: bound to the "
+                    f"tensor of {alias.target}\nowns 0 bytes"
+                )
+                out.append(
+                    _rect(cx, lane_y, chip_w, 18, "#fff", title,
+                          "chip marked" if tag else "chip")
+                )
+                out.append(_t(cx + chip_w / 2, lane_y + 13, tag + short(alias.layer), "s",
+                              "middle"))
+                out.append(f'<path d="M{cx + chip_w / 2:.1f},{lane_y} v-6" class="bus"/>')
+            out.append(
+                f'<path d="M{x + chip_w / 2:.1f},{lane_y - 6} H{x + sizes[t] - chip_w / 2:.1f}" '
+                f'class="bus"/>'
+            )
+        start_y = lane_y - (6 if not compact else 0)
+        path = f"M{bus_mid:.1f},{start_y:.1f} L{tx:.1f},{ty + 2:.1f}"
+        arrows.append(f'<path d="{path}" class="halo"/>')
+        arrows.append(
+            f'<path d="{path}" class="arrow" marker-end="url(#arrow)">'
+            f"<title>{esc(f'{len(members)} sharer(s) → {t}')}</title></path>"
+        )
+    return "".join(arrows) + "".join(out), lane_y + 22
+
+
+def _svg(width: float, height: float, body: str, label: str) -> str:
+    return (
+        f'<svg width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{esc(label)}">'
+        f"{body}</svg>"
+    )
+
+
+def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: int = 4) -> str:
+    """Where blocks 0..blocks-1 of each layer live: a broken address axis, one row per group."""
+    views = [v for v in plan.views if v.pool == pool.name]
+    if not views:
+        return ""
+    z = zoom(views, blocks)
+    groups = sorted({v.group for v in views})
+    brk = 30.0
+    avail = width - LEFT - 4 - brk * (len(z.segments) - 1)
+    total = sum(s.end - s.start for s in z.segments) or 1
+    top = 44
+    out = [
+        _t(
+            0,
+            14,
+            f"zoom: blocks 0–{blocks - 1} of pool {pool.name} (where block b of each layer lives)",
+            "h",
+        )
+    ]
+    rows_h = len(groups) * (ZOOM_H + ROW_GAP)
+    for row, gid in enumerate(groups):
+        kind = next(v.kind for v in views if v.group == gid)
+        out.append(_t(0, top + row * (ZOOM_H + ROW_GAP) + 19, fit(f"g{gid} {short_kind(kind)}",
+                                                                  LEFT - 6)))
+    x = float(LEFT)
+    for i, seg in enumerate(z.segments):
+        w = max((seg.end - seg.start) / total * avail, 24.0)
+        px = w / max(seg.end - seg.start, 1)
+        out.append(_t(x, top - 22, f"@ {human_bytes(seg.start)}", "s"))
+        out.append(_t(x, top - 10, f"{seg.start:,} B", "s"))
+        out.append(
+            f'<rect x="{x:.1f}" y="{top - 3}" width="{w:.1f}" height="{rows_h + 2}" '
+            f'fill="url(#pad)" class="seg"><title>{esc(_seg_title(seg.start, seg.end))}</title>'
+            f"</rect>"
+        )
+        for chunk in seg.chunks:
+            row = groups.index(chunk.view.group)
+            y = top + row * (ZOOM_H + ROW_GAP)
+            cx, cw = x + (chunk.start - seg.start) * px, (chunk.end - chunk.start) * px
+            mark = marks.views.get(chunk.view.layer)
+            what = "all blocks" if chunk.whole else f"b{chunk.block}"
+            title = (
+                f"{'[' + mark + '] ' if mark else ''}{chunk.view.layer}\n{what}: bytes "
+                f"[{chunk.start:,}, {chunk.end:,}) ({exact(chunk.end - chunk.start)})\n"
+                + view_title(chunk.view, pool)
+            )
+            out.append(
+                _rect(cx, y, cw, ZOOM_H, fill(chunk.view.group), title,
+                      "stripe marked" if mark else "stripe")
+            )
+            layer = short(chunk.view.layer)
+            if text_fits(f"{layer}·{what}", cw):
+                out.append(_t(cx + cw / 2, y + 19, f"{layer}·{what}", "lbl", "middle"))
+            elif text_fits(layer, cw) and text_fits(what, cw):
+                out.append(_t(cx + cw / 2, y + 13, layer, "lbl", "middle"))
+                out.append(_t(cx + cw / 2, y + 26, what, "lbl", "middle"))
+            elif text_fits(what, cw):
+                out.append(_t(cx + cw / 2, y + 19, what, "lbl", "middle"))
+        x += w
+        if i < len(z.segments) - 1:
+            skipped = z.segments[i + 1].start - seg.end
+            out.append(_t(x + brk / 2, top + rows_h / 2 + 4, "⋯", "brk", "middle"))
+            out.append(
+                f'<rect x="{x:.1f}" y="{top}" width="{brk:.1f}" height="{rows_h}" '
+                f'fill="transparent"><title>{esc(f"{exact(skipped)} not shown")}</title></rect>'
+            )
+            x += brk
+    y = top + rows_h + 14
+    notes = [
+        "hatched: bytes that group does not use in these blocks (padding, or a slot only "
+        "other groups use)"
+    ]
+    if z.hidden_segments or z.hidden_chunks:
+        notes.append(
+            f"not drawn: {z.hidden_segments} more address segment(s), "
+            f"{z.hidden_chunks} more block chunk(s) (see the views table)"
+        )
+    for note in notes:
+        out.append(_t(LEFT, y, note, "s"))
+        y += 14
+    return _svg(width, y, "".join(out), f"zoom of pool {pool.name}")
+
+
+def _seg_title(start: int, end: int) -> str:
+    return f"bytes [{start:,}, {end:,}) ({exact(end - start)})"
