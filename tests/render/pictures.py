@@ -76,7 +76,7 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pages = {
         "gemma-4-E2B": (gemma_page(), (1320, 900)),
-        "gemma-4-E2B-LBNHC-vs-BLHNC": (layout_diff_page(), (1400, 1080)),
+        "gemma-4-E2B-LBNHC-vs-BLHNC": (layout_diff_page(), (1400, 1240)),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name, (html, size) in pages.items():

@@ -37,7 +37,8 @@ MAX_CHANGES_LISTED = 5000
 CSS = """
 body{font:13px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
 margin:16px 20px;color:#111;background:#fff}
-h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:18px 0 6px}
+h1{font-size:18px;margin:0 0 2px}h2{font-size:15px;margin:14px 0 6px}
+h3{font-size:14px;margin:4px 0 6px}
 .meta{color:#444;margin:0 0 10px;font-size:12px}.meta code{font-size:11px}
 .layout{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}
 .side{display:flex;gap:18px;align-items:flex-start}.side>section{min-width:0}
@@ -103,7 +104,7 @@ def _legend(plan: BindingPlan, marks: bool) -> str:
         )
     assert len(HATCH) == len(OKABE_ITO)
     return (
-        "<h2>legend</h2><ul style='list-style:none;padding:0;margin:0'>" + "".join(rows) + "</ul>"
+        "<h3>legend</h3><ul style='list-style:none;padding:0;margin:0'>" + "".join(rows) + "</ul>"
         "<p class='meta'>Groups overlay the same bytes from offset 0, as vLLM overlays them: "
         "a block id belongs to one group at a time. Hover any shape for exact figures.</p>"
     )
@@ -136,7 +137,7 @@ def _summary(plan: BindingPlan) -> str:
         ]
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     return (
-        f"<h2>memory</h2><table>{body}</table><p class='meta'>Per token: each attention view's "
+        f"<h3>memory</h3><table>{body}</table><p class='meta'>Per token: each attention view's "
         "page ÷ its states per block (Mamba state excluded); a sharer would need its target's.</p>"
     )
 
@@ -291,29 +292,41 @@ def diff_page(
         else f"{len(diff.changes)} change(s): {counts['changed']} changed, "
         f"{counts['added']} added, {counts['removed']} removed"
     )
-    columns = []
+    columns, summaries = [], []
     for label, plan, marks in ((labels[0], a, ma), (labels[1], b, mb)):
         columns.append(
             f"<section class='fig'><h2>{esc(label)}</h2>{_meta(plan)}"
-            f"{_figures(plan, width, marks)}{_summary(plan)}</section>"
+            f"{_figures(plan, width, marks)}</section>"
         )
+        summaries.append(f"<section><h2>{esc(label)}</h2>{_summary(plan)}</section>")
     body = (
         f"<h1>KV binding diff · {esc(name)}</h1><p class='meta'>A = {esc(labels[0])} · "
         f"B = {esc(labels[1])} · <b>{esc(verdict)}</b></p>"
         + (f"<p>{esc(note)}</p>" if note else "")
         + f"<div class='side'>{''.join(columns)}</div>"
-        f"<aside style='max-width:none'>{_legend(b, marks=True)}</aside>"
         f"<h2>field-level changes (A → B)</h2>{_changes_table(diff.changes)}"
+        f"<div class='side'>{''.join(summaries)}</div>"
+        f"<aside style='max-width:none'>{_legend(b, marks=True)}</aside>"
         f"<h2>A: {esc(labels[0])}</h2>{_tables(a, ma)}<h2>B: {esc(labels[1])}</h2>"
         f"{_tables(b, mb)}"
     )
     return _page(f"kvplan diff · {name}", body)
 
 
-def drift_page(name: str, stored: BindingPlan | None, regenerated: BindingPlan, note: str = "") -> str:
-    """The page ``kvplan golden check --html`` writes for a drifted model."""
+def drift_page(
+    name: str,
+    stored: BindingPlan | None,
+    regenerated: BindingPlan,
+    input_changed: bool = False,
+) -> str:
+    """The page ``kvplan golden check --html`` writes for a drifted model.
+
+    The stored plan against the regenerated one; the regenerated plan alone when no plan was
+    stored.
+    """
     if stored is None:
         return plan_page(regenerated, title=f"{name}: regenerated (no stored plan.json)")
+    note = "The captured input document changed." if input_changed else ""
     return diff_page(
         stored, regenerated, ("stored plan.json", "regenerated"), title=name, note=note
     )

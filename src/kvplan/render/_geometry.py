@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from kvplan.schemas.plan import BindingPlan, View
 
@@ -35,8 +36,11 @@ def block_runs(view: View) -> list[tuple[int, int]] | None:
         return None
     isz = view.itemsize
     dims = sorted(
-        ((stride * isz, size) for size, stride in zip(view.shape[1:], view.stride[1:], strict=True)
-         if size > 1),
+        (
+            (stride * isz, size)
+            for size, stride in zip(view.shape[1:], view.stride[1:], strict=True)
+            if size > 1
+        ),
     )
     run = isz
     outer: list[tuple[int, int]] = []
@@ -130,9 +134,7 @@ def _chunks(view: View, blocks: int) -> tuple[list[Chunk], list[int]]:
     return chunks, fences
 
 
-def zoom(
-    views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: int = 160
-) -> Zoom:
+def zoom(views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: int = 160) -> Zoom:
     """Where blocks ``0..blocks-1`` of each view live, as address segments.
 
     A gap between two chunks shorter than the earlier chunk's block stride is padding (kept
@@ -180,7 +182,7 @@ def zoom(
 def interleaved(views: list[View]) -> bool:
     """Whether the extents of ``views`` (one group, one pool) overlap: block-outermost."""
     spans = sorted(v.byte_extent for v in views)
-    return any(a[1] > b[0] for a, b in zip(spans, spans[1:], strict=False))
+    return any(a[1] > b[0] for a, b in pairwise(spans))
 
 
 @dataclass(frozen=True)

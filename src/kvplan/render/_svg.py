@@ -38,11 +38,12 @@ HATCH = [
     '<path d="M0,8 L8,0 M0,0 L8,8" stroke="#000" stroke-opacity=".3" stroke-width="1"/>',
     '<path d="M0,4 L8,4 M4,0 L4,8" stroke="#000" stroke-opacity=".3" stroke-width="1"/>',
 ]
-CHAR_W = 6.4  # px per character at the 11 px font
+CHAR_W = 7.0  # px per character at the 11 px font (DejaVu Sans digits, with margin)
 LEFT = 124  # label column
 ROW_H = 22
 ROW_GAP = 4
 ZOOM_H = 30
+Place = tuple[float, float, float, int]  # a drawn stripe: x, width, bottom y, row
 
 
 def esc(text: object) -> str:
@@ -111,9 +112,7 @@ def _t(x: float, y: float, text: str, cls: str = "", anchor: str = "start") -> s
     return f'<text x="{x:.1f}" y="{y:.1f}"{c}{a}>{esc(text)}</text>'
 
 
-def _rect(
-    x: float, y: float, w: float, h: float, paint: str, title: str, cls: str = ""
-) -> str:
+def _rect(x: float, y: float, w: float, h: float, paint: str, title: str, cls: str = "") -> str:
     c = f' class="{cls}"' if cls else ""
     return (
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 1.0):.1f}" height="{h:.1f}" '
@@ -141,14 +140,18 @@ class _Stripe:
     views: list[View]
 
 
-def _stripes(views: list[View], x0: float, scale: float, min_w: float = 18.0) -> list[_Stripe]:
-    """One stripe per view, or runs of consecutive views merged where they would be too thin."""
+def _stripes(views: list[View], x0: float, scale: float) -> list[_Stripe]:
+    """One stripe per view; runs of adjacent views merged where a label would not fit."""
     out: list[_Stripe] = []
     for view in sorted(views, key=lambda v: v.byte_extent):
         lo, hi = view.byte_extent
         x, w = x0 + lo * scale, (hi - lo) * scale
         last = out[-1] if out else None
-        if last is not None and last.w < min_w and x - (last.x + last.w) < 1.0:
+        if (
+            last is not None
+            and not text_fits(_stripe_label(last, Marks()), last.w)
+            and x - (last.x + last.w) < 1.0
+        ):
             last.w = x + w - last.x
             last.views.append(view)
         else:
@@ -161,23 +164,26 @@ def _stripe_label(stripe: _Stripe, marks: Marks) -> str:
     tag = "".join(sorted({marks.tag("views", v.layer) for v in views}))
     if len(views) == 1:
         return tag + short(views[0].layer)
-    return f"{tag}{short(views[0].layer)}…{short(views[-1].layer)} ({len(views)})"
+    return f"{tag}{short(views[0].layer)}…{short(views[-1].layer)}"
 
 
-def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks) -> str:
+def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> str:
+    views = stripe.views
     parts = []
-    for view in stripe.views[:24]:
+    if len(views) > 1:
+        lo = min(v.byte_extent[0] for v in views)
+        hi = max(v.byte_extent[1] for v in views)
+        parts.append(f"{len(views)} views, bytes [{lo:,}, {hi:,}) ({exact(hi - lo)})")
+    for view in views[:full]:
         mark = marks.views.get(view.layer)
         head = f"[{mark}] " if mark else ""
         parts.append(head + view_title(view, pool))
-    if len(stripe.views) > 24:
-        parts.append(f"… and {len(stripe.views) - 24} more views (see the views table)")
+    if len(views) > full:
+        parts.append(f"… and {len(views) - full} more views (see the views table)")
     return "\n\n".join(parts)
 
 
-def pool_band(
-    plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Marks
-) -> str:
+def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Marks) -> str:
     """The pool as an address band to scale, one row per group overlaid from byte 0, sharers."""
     views = [v for v in plan.views if v.pool == pool.name]
     by_group: dict[int, list[View]] = defaultdict(list)
@@ -209,7 +215,7 @@ def pool_band(
         anchor = "start" if frac == 0 else ("end" if frac == 1 else "middle")
         out.append(f'<path d="M{x:.1f},{top - 10} v6" class="tick"/>')
         out.append(_t(x, top - 13, human_bytes(int(pool.size_bytes * frac)), "s", anchor))
-    centres: dict[str, tuple[float, float, float, float]] = {}  # x, w, y of the bottom
+    centres: dict[str, Place] = {}
     for row, gid in enumerate(groups):
         y = top + row * (ROW_H + ROW_GAP)
         members = by_group[gid]
@@ -224,8 +230,15 @@ def pool_band(
             text = f"{tags}{names}{more} interleaved block by block (see zoom)"
             stripe = _Stripe(LEFT + lo * px, (hi - lo) * px, members)
             out.append(
-                _rect(stripe.x, y, stripe.w, ROW_H, fill(gid), _stripe_title(stripe, pool, marks),
-                      "stripe marked" if tags else "stripe")
+                _rect(
+                    stripe.x,
+                    y,
+                    stripe.w,
+                    ROW_H,
+                    fill(gid),
+                    _stripe_title(stripe, pool, marks),
+                    "stripe marked" if tags else "stripe",
+                )
             )
             out.append(_t(stripe.x + 4, y + 15, fit(text, stripe.w - 6), "lbl"))
             for view in members:
@@ -236,7 +249,12 @@ def pool_band(
             marked = any(marks.views.get(v.layer) for v in stripe.views)
             out.append(
                 _rect(
-                    stripe.x, y, stripe.w, ROW_H, fill(gid), _stripe_title(stripe, pool, marks),
+                    stripe.x,
+                    y,
+                    stripe.w,
+                    ROW_H,
+                    fill(gid),
+                    _stripe_title(stripe, pool, marks),
                     "stripe marked" if marked else "stripe",
                 )
             )
@@ -244,12 +262,12 @@ def pool_band(
                 out.append(_t(stripe.x + stripe.w / 2, y + 15, label, "lbl", "middle"))
             for view in stripe.views:
                 centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
-    y = top + rows_h + 6
+    bottom = float(top + rows_h + 6)
     aliases = [a for a in plan.aliases if a.target in centres]
     if aliases:
-        lane, y = _sharers(aliases, centres, y, width, marks)
+        lane, bottom = _sharers(aliases, centres, bottom, width, marks)
         out.append(lane)
-    return _svg(width, y + 4, "".join(out), f"pool {pool.name}")
+    return _svg(width, bottom + 4, "".join(out), f"pool {pool.name}")
 
 
 def _pool_title(pool: Pool, marks: Marks) -> str:
@@ -260,63 +278,96 @@ def _pool_title(pool: Pool, marks: Marks) -> str:
     )
 
 
+@dataclass
+class _Cluster:
+    members: list[Alias]
+    places: list[Place]
+    x: float = 0.0
+    w: float = 0.0
+
+
+def _clusters(
+    aliases: list[Alias], centres: dict[str, Place], avail: float, chip: float
+) -> tuple[list[_Cluster], bool]:
+    """Sharers grouped per target (one chip each), or per drawn stripe when that is too wide."""
+    by_target: dict[str, list[Alias]] = defaultdict(list)
+    for alias in aliases:
+        by_target[alias.target].append(alias)
+    need = len(aliases) * (chip + 3) + 14 * len(by_target)
+    if need <= avail:
+        targets = sorted(by_target, key=lambda t: centres[t])
+        return [_Cluster(by_target[t], [centres[t]]) for t in targets], False
+    by_place: dict[Place, list[Alias]] = defaultdict(list)
+    for alias in aliases:
+        by_place[centres[alias.target]].append(alias)
+    places = sorted(by_place)
+    most = max(int(avail // 62), 1)
+    per = -(-len(places) // most)
+    return [
+        _Cluster([a for p in places[i : i + per] for a in by_place[p]], list(places[i : i + per]))
+        for i in range(0, len(places), per)
+    ], True
+
+
 def _sharers(
     aliases: list[Alias],
-    centres: dict[str, tuple[float, float, float, float]],
+    centres: dict[str, Place],
     y: float,
     width: int,
     marks: Marks,
 ) -> tuple[str, float]:
-    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow to the target."""
-    by_target: dict[str, list[Alias]] = defaultdict(list)
-    for alias in aliases:
-        by_target[alias.target].append(alias)
-    targets = sorted(by_target, key=lambda t: centres[t])
+    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow to the target.
+
+    With too many sharers for one chip each, one chip per drawn stripe (or run of stripes)
+    counts them; the aliases table names every one.
+    """
     chip_w = max(max(len(short(a.layer)) + 1 for a in aliases) * CHAR_W + 8, 30.0)
     gap, cluster_gap = 3.0, 14.0
     avail = width - LEFT - 4
-    need = sum(len(by_target[t]) for t in targets) * (chip_w + gap) + cluster_gap * len(targets)
-    compact = need > avail
-    sizes = {
-        t: (chip_w * 3.2 if compact else len(by_target[t]) * (chip_w + gap) - gap) for t in targets
-    }
-    if compact and sum(sizes.values()) + cluster_gap * len(targets) > avail:
-        each = max((avail - cluster_gap * len(targets)) / max(len(targets), 1), 24.0)
-        sizes = dict.fromkeys(targets, each)
-    # pack clusters left to right near their targets, then shift back inside the width
-    xs: dict[str, float] = {}
+    clusters, compact = _clusters(aliases, centres, avail, chip_w)
+    if compact:
+        each = min(chip_w * 3.2, (avail - cluster_gap * len(clusters)) / len(clusters))
+        for c in clusters:
+            c.w = max(each, 24.0)
+    else:
+        for c in clusters:
+            c.w = len(c.members) * (chip_w + gap) - gap
+    # pack clusters left to right under their targets, then shift back inside the width
     cursor = float(LEFT)
-    for t in targets:
-        xs[t] = max(centres[t][0] + centres[t][1] / 2 - sizes[t] / 2, cursor)
-        cursor = xs[t] + sizes[t] + cluster_gap
+    for c in clusters:
+        want = sum(x + w / 2 for x, w, _, _ in c.places) / len(c.places)
+        c.x = max(want - c.w / 2, cursor)
+        cursor = c.x + c.w + cluster_gap
     overflow = cursor - cluster_gap - (width - 4)
     if overflow > 0:
-        for t in targets:
-            xs[t] = max(xs[t] - overflow, float(LEFT))
         cursor = float(LEFT)
-        for t in targets:  # re-pack so that shifted clusters do not overlap
-            xs[t] = max(xs[t], cursor)
-            cursor = xs[t] + sizes[t] + cluster_gap
+        for c in clusters:
+            c.x = max(c.x - overflow, cursor)
+            cursor = c.x + c.w + cluster_gap
     lane_y = y + 34
     out = [_t(0, lane_y + 13, "sharers (own 0 B)")]
     arrows: list[str] = []
-    for t in targets:
-        x, members = xs[t], by_target[t]
-        sx, sw, ty, _ = centres[t]
-        bus_mid = x + sizes[t] / 2
-        inset = min(8.0, sw / 2)
-        tx = min(max(bus_mid, sx + inset), sx + sw - inset)
+    for c in clusters:
+        x, members = c.x, c.members
+        bus_mid = x + c.w / 2
         if compact:
-            names = ", ".join(a.layer for a in members)
-            label = f"{len(members)}→{short(t)}"
+            listed = "\n".join(f"{a.layer} → {a.target}" for a in members[:40])
+            more = f"\n… and {len(members) - 40} more" if len(members) > 40 else ""
             marked = "".join(sorted({marks.tag("aliases", a.layer) for a in members}))
+            label = f"{marked}{len(members)} sharers"
             out.append(
-                _rect(x, lane_y, sizes[t], 18, "#fff",
-                      f"{len(members)} sharers read {t} (own 0 bytes): {names}",
-                      "chip marked" if marked else "chip")
+                _rect(
+                    x,
+                    lane_y,
+                    c.w,
+                    18,
+                    "#fff",
+                    f"{len(members)} sharers (own 0 bytes each):\n{listed}{more}",
+                    "chip marked" if marked else "chip",
+                )
             )
-            out.append(_t(x + sizes[t] / 2, lane_y + 13, fit(marked + label, sizes[t]), "s",
-                          "middle"))
+            label = label if text_fits(label, c.w) else fit(f"{marked}{len(members)}", c.w)
+            out.append(_t(bus_mid, lane_y + 13, label, "s", "middle"))
         else:
             for i, alias in enumerate(members):
                 cx = x + i * (chip_w + gap)
@@ -327,23 +378,29 @@ def _sharers(
                     f"tensor of {alias.target}\nowns 0 bytes"
                 )
                 out.append(
-                    _rect(cx, lane_y, chip_w, 18, "#fff", title,
-                          "chip marked" if tag else "chip")
+                    _rect(cx, lane_y, chip_w, 18, "#fff", title, "chip marked" if tag else "chip")
                 )
-                out.append(_t(cx + chip_w / 2, lane_y + 13, tag + short(alias.layer), "s",
-                              "middle"))
+                out.append(
+                    _t(cx + chip_w / 2, lane_y + 13, tag + short(alias.layer), "s", "middle")
+                )
                 out.append(f'<path d="M{cx + chip_w / 2:.1f},{lane_y} v-6" class="bus"/>')
             out.append(
-                f'<path d="M{x + chip_w / 2:.1f},{lane_y - 6} H{x + sizes[t] - chip_w / 2:.1f}" '
+                f'<path d="M{x + chip_w / 2:.1f},{lane_y - 6} H{x + c.w - chip_w / 2:.1f}" '
                 f'class="bus"/>'
             )
-        start_y = lane_y - (6 if not compact else 0)
-        path = f"M{bus_mid:.1f},{start_y:.1f} L{tx:.1f},{ty + 2:.1f}"
-        arrows.append(f'<path d="{path}" class="halo"/>')
-        arrows.append(
-            f'<path d="{path}" class="arrow" marker-end="url(#arrow)">'
-            f"<title>{esc(f'{len(members)} sharer(s) → {t}')}</title></path>"
-        )
+        start_y = lane_y - (0 if compact else 6)
+        targets = sorted({a.target for a in members})
+        what = f"{len(members)} sharer(s) → {', '.join(targets[:6])}"
+        what += " …" if len(targets) > 6 else ""
+        for sx, sw, ty, _ in c.places:
+            inset = min(8.0, sw / 2)
+            tx = min(max(bus_mid, sx + inset), sx + sw - inset)
+            path = f"M{bus_mid:.1f},{start_y:.1f} L{tx:.1f},{ty + 2:.1f}"
+            arrows.append(f'<path d="{path}" class="halo"/>')
+            arrows.append(
+                f'<path d="{path}" class="arrow" marker-end="url(#arrow)">'
+                f"<title>{esc(what)}</title></path>"
+            )
     return "".join(arrows) + "".join(out), lane_y + 22
 
 
@@ -377,8 +434,9 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: i
     rows_h = len(groups) * (ZOOM_H + ROW_GAP)
     for row, gid in enumerate(groups):
         kind = next(v.kind for v in views if v.group == gid)
-        out.append(_t(0, top + row * (ZOOM_H + ROW_GAP) + 19, fit(f"g{gid} {short_kind(kind)}",
-                                                                  LEFT - 6)))
+        out.append(
+            _t(0, top + row * (ZOOM_H + ROW_GAP) + 19, fit(f"g{gid} {short_kind(kind)}", LEFT - 6))
+        )
     x = float(LEFT)
     for i, seg in enumerate(z.segments):
         w = max((seg.end - seg.start) / total * avail, 24.0)
@@ -402,8 +460,15 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: i
                 + view_title(chunk.view, pool)
             )
             out.append(
-                _rect(cx, y, cw, ZOOM_H, fill(chunk.view.group), title,
-                      "stripe marked" if mark else "stripe")
+                _rect(
+                    cx,
+                    y,
+                    cw,
+                    ZOOM_H,
+                    fill(chunk.view.group),
+                    title,
+                    "stripe marked" if mark else "stripe",
+                )
             )
             layer = short(chunk.view.layer)
             if text_fits(f"{layer}·{what}", cw):
