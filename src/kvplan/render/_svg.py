@@ -106,6 +106,10 @@ def view_title(view: View, pool: Pool) -> str:
     return "\n".join(lines)
 
 
+def _bracket(mark: str | None) -> str:
+    return f"[{mark}] " if mark else ""
+
+
 def _t(x: float, y: float, text: str, cls: str = "", anchor: str = "start") -> str:
     c = f' class="{cls}"' if cls else ""
     a = f' text-anchor="{anchor}"' if anchor != "start" else ""
@@ -321,7 +325,7 @@ def _sharers(
     With too many sharers for one chip each, one chip per drawn stripe (or run of stripes)
     counts them; the aliases table names every one.
     """
-    chip_w = max(max(len(short(a.layer)) + 1 for a in aliases) * CHAR_W + 8, 30.0)
+    chip_w = max(max(len(short(a.layer)) for a in aliases) * CHAR_W + 6, 28.0)
     gap, cluster_gap = 3.0, 14.0
     avail = width - LEFT - 4
     clusters, compact = _clusters(aliases, centres, avail, chip_w)
@@ -351,7 +355,10 @@ def _sharers(
         x, members = c.x, c.members
         bus_mid = x + c.w / 2
         if compact:
-            listed = "\n".join(f"{a.layer} → {a.target}" for a in members[:40])
+            listed = "\n".join(
+                f"{_bracket(marks.aliases.get(a.layer))}{a.layer} → {a.target}"
+                for a in members[:40]
+            )
             more = f"\n… and {len(members) - 40} more" if len(members) > 40 else ""
             marked = "".join(sorted({marks.tag("aliases", a.layer) for a in members}))
             label = f"{marked}{len(members)} sharers"
