@@ -11,7 +11,7 @@ import pytest
 
 import kvplan
 from kvplan.render import diff_page, drift_page, plan_page
-from kvplan.render._geometry import block_runs, interleaved, is_padded, memory, zoom
+from kvplan.render._geometry import block_runs, extent, interleaved, is_padded, memory, zoom
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.loading import parse_input, parse_plan
 from kvplan.schemas.plan import BindingPlan
@@ -173,3 +173,9 @@ def test_many_sharers_are_counted_per_stripe() -> None:
     assert names_in(page, plan) == []
     assert 'class="chip"' in page and " sharers</text>" in page
     assert len(page.encode()) < 1_000_000
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])
+def test_memoised_extent_is_the_views_byte_extent(layout: str) -> None:
+    plans = [big(64, 2, layout), plan_of(b.mamba_hybrid()), plan_of(b.mla())]
+    assert all(extent(v) == v.byte_extent for p in plans for v in p.views)

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from kvplan.planner.diff import Change, diff_plans
-from kvplan.render._geometry import memory, short_kind
+from kvplan.render._geometry import extent, memory, short_kind
 from kvplan.render._svg import (
     HATCH,
     LEFT,
@@ -178,7 +178,7 @@ def _tables(plan: BindingPlan, marks: Marks | None = None, open_: bool = False) 
         f"<tr><td>{tag('views', v.layer)}{esc(v.layer)}</td><td class=n>{v.group}</td>"
         f"<td>{esc(v.pool)}</td><td>{esc(v.kind)}</td><td>{esc(v.dtype)}</td>"
         f"<td>{esc(v.shape)}</td><td>{esc(v.stride)}</td><td class=n>{v.offset_bytes:,}</td>"
-        f"<td class=n>{v.byte_extent[1] - v.byte_extent[0]:,}</td></tr>"
+        f"<td class=n>{extent(v)[1] - extent(v)[0]:,}</td></tr>"
         for v in plan.views
     )
     group_of = {v.layer: v.group for v in plan.views}

@@ -8,12 +8,29 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import pairwise
 
 from kvplan.schemas.plan import BindingPlan, View
 
 MAX_RUNS_PER_BLOCK = 64
 """A block made of more byte runs than this (heads outside blocks) is drawn as its extent."""
+
+
+def extent(view: View) -> tuple[int, int]:
+    """``view.byte_extent``, memoised (a large page asks for it many times)."""
+    return _extent(view.offset_bytes, tuple(view.shape), tuple(view.stride), view.itemsize)
+
+
+@lru_cache(maxsize=16384)
+def _extent(
+    offset: int, shape: tuple[int, ...], stride: tuple[int, ...], isz: int
+) -> tuple[int, int]:
+    if 0 in shape:
+        return (offset, offset)
+    lo = sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(shape, stride, strict=True) if s >= 0)
+    return (offset + lo * isz, offset + (hi + 1) * isz)
 
 
 def short(layer: str) -> str:
@@ -121,7 +138,7 @@ def _chunks(view: View, blocks: int) -> tuple[list[Chunk], list[int]]:
     """Chunks of blocks ``0..blocks-1`` and the start of block ``blocks`` (a fence)."""
     runs = block_runs(view)
     if runs is None:
-        lo, hi = view.byte_extent
+        lo, hi = extent(view)
         return [Chunk(view, 0, lo, hi, whole=True)], []
     bsz = block_stride_bytes(view)
     n = min(blocks, view.shape[0])
@@ -181,7 +198,7 @@ def zoom(views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: 
 
 def interleaved(views: list[View]) -> bool:
     """Whether the extents of ``views`` (one group, one pool) overlap: block-outermost."""
-    spans = sorted(v.byte_extent for v in views)
+    spans = sorted(extent(v) for v in views)
     return any(a[1] > b[0] for a, b in pairwise(spans))
 
 

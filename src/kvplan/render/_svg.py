@@ -15,6 +15,7 @@ from typing import Literal
 from kvplan.render._geometry import (
     block_stride_bytes,
     dense_page_bytes,
+    extent,
     interleaved,
     is_padded,
     short,
@@ -90,7 +91,7 @@ def fit(text: str, width: float) -> str:
 
 
 def view_title(view: View, pool: Pool) -> str:
-    lo, hi = view.byte_extent
+    lo, hi = extent(view)
     lines = [
         view.layer,
         f"group {view.group} · {view.kind} · pool {view.pool}",
@@ -147,8 +148,8 @@ class _Stripe:
 def _stripes(views: list[View], x0: float, scale: float) -> list[_Stripe]:
     """One stripe per view; runs of adjacent views merged where a label would not fit."""
     out: list[_Stripe] = []
-    for view in sorted(views, key=lambda v: v.byte_extent):
-        lo, hi = view.byte_extent
+    for view in sorted(views, key=lambda v: extent(v)):
+        lo, hi = extent(view)
         x, w = x0 + lo * scale, (hi - lo) * scale
         last = out[-1] if out else None
         if (
@@ -175,8 +176,8 @@ def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> s
     views = stripe.views
     parts = []
     if len(views) > 1:
-        lo = min(v.byte_extent[0] for v in views)
-        hi = max(v.byte_extent[1] for v in views)
+        lo = min(extent(v)[0] for v in views)
+        hi = max(extent(v)[1] for v in views)
         parts.append(f"{len(views)} views, bytes [{lo:,}, {hi:,}) ({exact(hi - lo)})")
     for view in views[:full]:
         mark = marks.views.get(view.layer)
@@ -226,8 +227,8 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
         label = f"g{gid} {short_kind(members[0].kind)}"
         out.append(_t(0, y + 15, fit(label, LEFT - 6)))
         if interleaved(members) and len(members) > 1:
-            lo = min(v.byte_extent[0] for v in members)
-            hi = max(v.byte_extent[1] for v in members)
+            lo = min(extent(v)[0] for v in members)
+            hi = max(extent(v)[1] for v in members)
             names = " ".join(short(v.layer) for v in members[:12])
             more = f" +{len(members) - 12}" if len(members) > 12 else ""
             tags = "".join(sorted({marks.tag("views", v.layer) for v in members}))
