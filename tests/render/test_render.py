@@ -16,7 +16,7 @@ from kvplan.schemas.canonical import to_data
 from kvplan.schemas.loading import parse_input, parse_plan
 from kvplan.schemas.plan import BindingPlan
 from tests.core import builders as b
-from tests.render.pictures import gemma_blhnc_plan, gemma_plan
+from tests.render.pictures import ROOT, gemma_blhnc_plan, gemma_plan
 
 EXTERNAL = re.compile(
     r"https?:|//|<script|@import|\bsrc\s*=|\bhref\s*=|url\(\s*(?!#)", re.IGNORECASE
@@ -179,3 +179,17 @@ def test_many_sharers_are_counted_per_stripe() -> None:
 def test_memoised_extent_is_the_views_byte_extent(layout: str) -> None:
     plans = [big(64, 2, layout), plan_of(b.mamba_hybrid()), plan_of(b.mla())]
     assert all(extent(v) == v.byte_extent for p in plans for v in p.views)
+
+
+def test_a_legacy_plan_draws_without_a_per_token_figure() -> None:
+    from kvplan.planner.legacy import build_legacy_plan
+    from kvplan.schemas.legacy import LegacyInputDocument
+    from kvplan.schemas.loading import load_any
+
+    legacy = load_any(ROOT / "tests" / "data" / "legacy" / "llama-3.1-8b.json")
+    assert isinstance(legacy, LegacyInputDocument)
+    plan, _ = build_legacy_plan(legacy, strategy="kvcached")
+    assert plan is not None and memory(plan).per_token is None
+    page = plan_page(plan)
+    assert "not derivable from this plan" in page and names_in(page, plan) == []
+    assert "more pools are not drawn" in page and "first 2 pools are zoomed" in page

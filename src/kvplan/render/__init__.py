@@ -32,6 +32,8 @@ __all__ = ["diff_page", "drift_page", "plan_page"]
 
 MAX_POOLS_DRAWN = 8
 """Pools drawn as bands; every pool is listed in the pools table."""
+MAX_POOLS_ZOOMED = 2
+"""Pools whose first blocks are zoomed (one pool per layer would repeat the same zoom)."""
 MAX_CHANGES_LISTED = 5000
 
 CSS = """
@@ -121,9 +123,12 @@ def _summary(plan: BindingPlan) -> str:
         ("tensor-backed layers", str(m.backed)),
         ("aliased layers (sharers)", f"{m.aliased} · own 0 B"),
         ("bytes per block", exact(m.per_block)),
-        ("KV bytes per token", f"{m.per_token:,.0f} B ({human_bytes(m.per_token)})"),
     ]
-    if m.aliased:
+    if m.per_token is None:
+        rows.append(("KV bytes per token", "not derivable from this plan's backend shapes"))
+    else:
+        rows.append(("KV bytes per token", f"{m.per_token:,.0f} B ({human_bytes(m.per_token)})"))
+    if m.aliased and m.per_token is not None:
         rows += [
             (
                 "without KV sharing",
@@ -135,6 +140,8 @@ def _summary(plan: BindingPlan) -> str:
                 f"{exact(m.saved_bytes)} at {src.num_blocks:,} blocks",
             ),
         ]
+    elif m.aliased:
+        rows.append(("KV sharing saves", f"{exact(m.saved_bytes)} at {src.num_blocks:,} blocks"))
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     return (
         f"<h3>memory</h3><table>{body}</table><p class='meta'>Per token: each attention view's "
@@ -148,12 +155,17 @@ def _figures(plan: BindingPlan, width: int, marks: Marks) -> str:
     parts = []
     for pool in plan.pools[:MAX_POOLS_DRAWN]:
         parts.append(pool_band(plan, pool, width, scale, marks))
-    for pool in plan.pools[:MAX_POOLS_DRAWN]:
-        parts.append(pool_zoom(plan, pool, width, marks))
     if len(plan.pools) > MAX_POOLS_DRAWN:
         parts.append(
             f"<p class='meta'>{len(plan.pools) - MAX_POOLS_DRAWN} more pools are not drawn; "
             "the pools table lists every pool.</p>"
+        )
+    for pool in plan.pools[:MAX_POOLS_ZOOMED]:
+        parts.append(pool_zoom(plan, pool, width, marks))
+    if len(plan.pools) > MAX_POOLS_ZOOMED:
+        parts.append(
+            f"<p class='meta'>The first blocks of the first {MAX_POOLS_ZOOMED} pools are "
+            "zoomed; hover the other pools' stripes for their figures.</p>"
         )
     if not plan.pools:
         parts.append("<p class='meta'>This plan has no pools.</p>")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise
 
+from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import BindingPlan, View
 
 MAX_RUNS_PER_BLOCK = 64
@@ -204,9 +205,13 @@ def interleaved(views: list[View]) -> bool:
 
 @dataclass(frozen=True)
 class Memory:
-    """The memory summary beside the picture."""
+    """The memory summary beside the picture.
 
-    per_token: float  # tensor-backed attention views
+    ``per_token`` is ``None`` for plans whose views are not vLLM 0.33's logical
+    ``[B, H, N, C]`` (the legacy strategies' backend shapes do not say tokens per block).
+    """
+
+    per_token: float | None  # tensor-backed attention views
     shared_per_token: float  # what the sharers would add with caches of their own
     per_block: int
     pool_bytes: int
@@ -216,14 +221,13 @@ class Memory:
 
     @property
     def saved_share(self) -> float:
-        total = self.per_token + self.shared_per_token
+        total = (self.per_token or 0.0) + self.shared_per_token
         return self.shared_per_token / total if total else 0.0
 
 
 def memory(plan: BindingPlan) -> Memory:
-    per_token = 0.0
-    for view in plan.views:
-        per_token += bytes_per_token(view) or 0.0
+    logical = plan.source.layout in KVCacheLayout.__members__
+    per_token = sum(bytes_per_token(v) or 0.0 for v in plan.views)
     shared = 0.0
     for alias in plan.aliases:
         target = plan.view_by_layer.get(alias.target)
@@ -231,8 +235,8 @@ def memory(plan: BindingPlan) -> Memory:
             shared += bytes_per_token(target) or 0.0
     s = plan.summary
     return Memory(
-        per_token,
-        shared,
+        per_token if logical else None,
+        shared if logical else 0.0,
         s.bytes_per_block,
         s.pool_bytes,
         s.alias_saved_bytes,
