@@ -193,3 +193,11 @@ def test_a_legacy_plan_draws_without_a_per_token_figure() -> None:
     page = plan_page(plan)
     assert "not derivable from this plan" in page and names_in(page, plan) == []
     assert "more pools are not drawn" in page and "first 2 pools are zoomed" in page
+
+
+def test_every_group_style_is_distinct_without_colour() -> None:
+    from kvplan.render._svg import STYLES, style
+
+    styles = [style(g) for g in range(STYLES)]
+    assert len(set(styles)) == STYLES == 49
+    assert style(7)[1] != style(0)[1]  # g7 shares g0's colour, not its hatching

@@ -13,10 +13,8 @@ from typing import Any
 from kvplan.planner.diff import Change, diff_plans
 from kvplan.render._geometry import extent, memory, short_kind
 from kvplan.render._svg import (
-    HATCH,
     LEFT,
     MARK_TEXT,
-    OKABE_ITO,
     Marks,
     defs,
     esc,
@@ -24,6 +22,7 @@ from kvplan.render._svg import (
     fill,
     pool_band,
     pool_zoom,
+    style_name,
 )
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
@@ -81,12 +80,9 @@ def _legend(plan: BindingPlan, marks: bool) -> str:
     rows = []
     for gid in sorted(groups)[:24]:
         kinds = sorted(set(groups[gid]))
-        pattern = ("diagonal", "back-diagonal", "dots", "horizontal", "vertical", "cross", "grid")
-        colour_name = ("orange", "sky blue", "green", "yellow", "blue", "vermillion", "purple")
-        k = gid % len(OKABE_ITO)
         rows.append(
             f"<li>{_swatch(gid)}<b>g{gid}</b> {esc(', '.join(short_kind(x) for x in kinds))} · "
-            f"{len(groups[gid])} view(s) · {colour_name[k]}, {pattern[k]} hatching</li>"
+            f"{len(groups[gid])} view(s) · {style_name(gid)}</li>"
         )
     if len(groups) > 24:
         rows.append(f"<li>… {len(groups) - 24} more groups</li>")
@@ -104,7 +100,6 @@ def _legend(plan: BindingPlan, marks: bool) -> str:
             "<li><span class='mark'>Δ</span> changed, <span class='mark'>+</span> added, "
             "<span class='mark'>−</span> removed (thick outline)</li>"
         )
-    assert len(HATCH) == len(OKABE_ITO)
     return (
         "<h3>legend</h3><ul style='list-style:none;padding:0;margin:0'>" + "".join(rows) + "</ul>"
         "<p class='meta'>Groups overlay the same bytes from offset 0, as vLLM overlays them: "
@@ -213,11 +208,12 @@ def _tables(plan: BindingPlan, marks: Marks | None = None, open_: bool = False) 
     )
 
 
-def _page(title: str, body: str) -> str:
+def _page(title: str, body: str, *plans: BindingPlan) -> str:
+    groups = {view.group for plan in plans for view in plan.views}
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{defs()}{body}"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{defs(groups)}{body}"
         "<p class='meta'>Drawn by kvplan from the plan alone; self-contained (no script, no "
         "fetched resources).</p></body></html>\n"
     )
@@ -242,7 +238,7 @@ def plan_page(plan: BindingPlan, title: str | None = None, width: int = 900) -> 
         f"<aside>{_summary(plan)}{_legend(plan, marks=False)}</aside></main>"
         f"{_tables(plan)}"
     )
-    return _page(f"kvplan · {name}", body)
+    return _page(f"kvplan · {name}", body, plan)
 
 
 def _marks(changes: list[Change]) -> tuple[Marks, Marks]:
@@ -322,7 +318,7 @@ def diff_page(
         f"<h2>A: {esc(labels[0])}</h2>{_tables(a, ma)}<h2>B: {esc(labels[1])}</h2>"
         f"{_tables(b, mb)}"
     )
-    return _page(f"kvplan diff · {name}", body)
+    return _page(f"kvplan diff · {name}", body, a, b)
 
 
 def drift_page(

@@ -8,6 +8,7 @@ their own hatching and a ``gN`` label, changed items a text mark.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
 from typing import Literal
@@ -55,13 +56,33 @@ def exact(n: int) -> str:
     return f"{human_bytes(n)} ({n:,} B)"
 
 
-def defs() -> str:
-    """Patterns and the arrowhead, once per page (SVGs of one page share ids)."""
+COLOUR_NAMES = ("orange", "sky blue", "green", "yellow", "blue", "vermillion", "purple")
+HATCH_NAMES = ("diagonal", "back-diagonal", "dots", "horizontal", "vertical", "cross", "grid")
+STYLES = len(OKABE_ITO) * len(HATCH)
+"""Distinct colour × hatching pairs; group ``g`` takes pair ``g % STYLES``."""
+
+
+def style(group: int) -> tuple[int, int]:
+    """(colour, hatching) of a group: g0..g6 differ in both, g7.. pair them differently."""
+    k = group % STYLES
+    colour = k % len(OKABE_ITO)
+    return colour, (colour + k // len(OKABE_ITO)) % len(HATCH)
+
+
+def style_name(group: int) -> str:
+    colour, hatch = style(group)
+    return f"{COLOUR_NAMES[colour]}, {HATCH_NAMES[hatch]} hatching"
+
+
+def defs(groups: Iterable[int]) -> str:
+    """Patterns for ``groups`` and the arrowhead, once per page (a page's SVGs share ids)."""
     parts = ['<svg width="0" height="0" style="position:absolute" aria-hidden="true"><defs>']
-    for i, (colour, hatch) in enumerate(zip(OKABE_ITO, HATCH, strict=True)):
+    for k in sorted({g % STYLES for g in groups}):
+        colour, hatch = style(k)
         parts.append(
-            f'<pattern id="g{i}" width="8" height="8" patternUnits="userSpaceOnUse">'
-            f'<rect width="8" height="8" fill="{colour}" fill-opacity=".55"/>{hatch}</pattern>'
+            f'<pattern id="g{k}" width="8" height="8" patternUnits="userSpaceOnUse">'
+            f'<rect width="8" height="8" fill="{OKABE_ITO[colour]}" fill-opacity=".55"/>'
+            f"{HATCH[hatch]}</pattern>"
         )
     parts.append(
         '<pattern id="pad" width="6" height="6" patternUnits="userSpaceOnUse">'
@@ -75,7 +96,7 @@ def defs() -> str:
 
 
 def fill(group: int) -> str:
-    return f"url(#g{group % len(OKABE_ITO)})"
+    return f"url(#g{group % STYLES})"
 
 
 def text_fits(text: str, width: float) -> bool:
