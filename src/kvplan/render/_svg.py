@@ -284,7 +284,8 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
                     "stripe marked" if marked else "stripe",
                 )
             )
-            if text_fits(label, stripe.w) or text_fits(label := fit(label, stripe.w), stripe.w):
+            label = fit(label, stripe.w)
+            if label:
                 out.append(_t(stripe.x + stripe.w / 2, y + 15, label, "lbl", "middle"))
             for view in stripe.views:
                 centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
