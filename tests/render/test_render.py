@@ -201,3 +201,20 @@ def test_every_group_style_is_distinct_without_colour() -> None:
     styles = [style(g) for g in range(STYLES)]
     assert len(set(styles)) == STYLES == 49
     assert style(7)[1] != style(0)[1]  # g7 shares g0's colour, not its hatching
+
+
+def test_render_imports_neither_torch_nor_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, kvplan.render; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_axis_marks_the_layer_slots() -> None:
+    page = plan_page(gemma_plan())
+    for label in (">0 B<", ">24.00 GiB<", ">48.00 GiB<", ">72.00 GiB<"):
+        assert label in page

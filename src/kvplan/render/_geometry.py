@@ -189,9 +189,11 @@ def zoom(views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: 
             hidden_chunks += len(seg.chunks)
             continue
         if len(seg.chunks) > budget:
-            hidden_chunks += len(seg.chunks) - budget
-            seg.chunks = seg.chunks[:budget]
-            seg.end = max(c.end for c in seg.chunks)
+            cut = seg.chunks[budget].start  # cut at an address, not inside an overlay
+            keep = [c for c in seg.chunks[:budget] if c.start < cut] or seg.chunks[:budget]
+            hidden_chunks += len(seg.chunks) - len(keep)
+            seg.chunks = keep
+            seg.end = max(c.end for c in keep)
         budget -= len(seg.chunks)
         kept.append(seg)
     return Zoom(blocks, kept, len(segments) - len(kept), hidden_chunks)

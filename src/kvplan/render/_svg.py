@@ -236,11 +236,11 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
         f'class="{"band marked" if tag else "band"}"><title>{esc(_pool_title(pool, marks))}'
         f"</title></rect>"
     )
-    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
-        x = LEFT + frac * band_w
-        anchor = "start" if frac == 0 else ("end" if frac == 1 else "middle")
+    for at in _ticks(views, pool.size_bytes, px):
+        x = LEFT + at * px
+        anchor = "start" if at == 0 else ("end" if at == pool.size_bytes else "middle")
         out.append(f'<path d="M{x:.1f},{top - 10} v6" class="tick"/>')
-        out.append(_t(x, top - 13, human_bytes(int(pool.size_bytes * frac)), "s", anchor))
+        out.append(_t(x, top - 13, human_bytes(at), "s", anchor))
     centres: dict[str, Place] = {}
     for row, gid in enumerate(groups):
         y = top + row * (ROW_H + ROW_GAP)
@@ -295,6 +295,18 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
         lane, bottom = _sharers(aliases, centres, bottom, width, marks)
         out.append(lane)
     return _svg(width, bottom + 4, "".join(out), f"pool {pool.name}")
+
+
+def _ticks(views: list[View], size: int, px: float, gap: float = 70.0) -> list[int]:
+    """Axis ticks: where the layer slots start when there are a few, else quarters."""
+    starts = sorted({extent(v)[0] for v in views} | {0, size})
+    kept = [0]
+    for at in starts[1:]:
+        if ((at - kept[-1]) * px >= gap and (size - at) * px >= gap) or at == size:
+            kept.append(at)
+    if len(starts) > 9 or len(kept) < 3:
+        return [size * k // 4 for k in range(5)]
+    return kept
 
 
 def _pool_title(pool: Pool, marks: Marks) -> str:
@@ -506,8 +518,11 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: i
             elif text_fits(layer, cw) and text_fits(what, cw):
                 out.append(_t(cx + cw / 2, y + 13, layer, "lbl", "middle"))
                 out.append(_t(cx + cw / 2, y + 26, what, "lbl", "middle"))
-            elif text_fits(what, cw):
-                out.append(_t(cx + cw / 2, y + 19, what, "lbl", "middle"))
+            else:  # one line: the layer where its blocks start, the block after that
+                for label in (layer, what) if chunk.block == 0 else (what,):
+                    if text_fits(label, cw):
+                        out.append(_t(cx + cw / 2, y + 19, label, "lbl", "middle"))
+                        break
         x += w
         if i < len(z.segments) - 1:
             skipped = z.segments[i + 1].start - seg.end
