@@ -194,12 +194,20 @@ def register(app: typer.Typer) -> None:
     def show_cmd(
         path: Annotated[Path, typer.Argument(metavar="PLAN", help="plan (or input document)")],
         as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+        html: Annotated[
+            Path | None, typer.Option("--html", metavar="OUT", help="also draw the plan as HTML")
+        ] = None,
     ) -> None:
         """Show a plan as tables: pools, views by group, aliases, memory summary."""
         try:
             plan = load_document_as_plan(path)
         except KVPlanError as exc:
             fail(exc)
+        if html is not None:
+            from kvplan.render import plan_page
+
+            html.write_text(plan_page(plan, title=path.name), encoding="utf-8")
+            stderr_console().print(f"wrote {html}", markup=False)
         if as_json:
             print_json(to_data(plan))
         else:
@@ -212,12 +220,22 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[
             DiffFormat, typer.Option("--format", "-f", help="output format")
         ] = DiffFormat.text,
+        html: Annotated[
+            Path | None,
+            typer.Option("--html", metavar="OUT", help="also draw both plans side by side as HTML"),
+        ] = None,
     ) -> None:
         """Semantic diff keyed by pool and layer; exit 0 same, 1 different, 2 error."""
         try:
-            result = diff_plans(load_document_as_plan(a), load_document_as_plan(b))
+            plan_a, plan_b = load_document_as_plan(a), load_document_as_plan(b)
+            result = diff_plans(plan_a, plan_b)
         except KVPlanError as exc:
             fail(exc)
+        if html is not None:
+            from kvplan.render import diff_page
+
+            html.write_text(diff_page(plan_a, plan_b, (str(a), str(b))), encoding="utf-8")
+            stderr_console().print(f"wrote {html}", markup=False)
         text = {
             DiffFormat.text: result.to_text,
             DiffFormat.json: result.to_json,

@@ -178,6 +178,10 @@ def register(app: typer.Typer) -> None:
     def check_cmd(
         directory: Annotated[Path, typer.Argument(metavar="DIR", help="golden directory")],
         input_only: Annotated[bool, INPUT_ONLY] = False,
+        html: Annotated[
+            Path | None,
+            typer.Option("--html", metavar="DIR", help="write DIR/<model>.html per drifted model"),
+        ] = None,
     ) -> None:
         """Regenerate every golden plan and diff it; markdown report on stdout."""
         _prepare(input_only)
@@ -190,6 +194,18 @@ def register(app: typer.Typer) -> None:
             _narrate(f"checking {folder.name}")
             outcomes.append(regenerate(folder, input_only))
         print_data(report(outcomes, input_only))
+        if html is not None:
+            from kvplan.render import drift_page
+
+            html.mkdir(parents=True, exist_ok=True)
+            for o in outcomes:
+                if not o.same and not o.error and o.plan is not None:
+                    page = html / f"{o.name}.html"
+                    page.write_text(
+                        drift_page(o.name, o.stored_plan, o.plan, o.input_changed),
+                        encoding="utf-8",
+                    )
+                    _narrate(f"wrote {page}")
         if any(o.error for o in outcomes):
             raise typer.Exit(EXIT_ERROR)
         if not all(o.same for o in outcomes):

@@ -277,6 +277,9 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("-o", "--output", help="write the input document and plan here"),
         ] = None,
+        html: Annotated[
+            Path | None, typer.Option("--html", metavar="OUT", help="also draw the plan as HTML")
+        ] = None,
         verify: Annotated[
             bool,
             typer.Option(
@@ -316,6 +319,11 @@ def register(app: typer.Typer) -> None:
             as_yaml_file = as_yaml or output.suffix in (".yaml", ".yml")
             output.write_text(_dump(data, as_yaml_file))
             stderr_console().print(f"wrote {output}", markup=False)
+        if html is not None:
+            from kvplan.render import plan_page
+
+            html.write_text(plan_page(result.plan, title=result.model.name), encoding="utf-8")
+            stderr_console().print(f"wrote {html}", markup=False)
         if as_json or as_yaml:
             print_data(_dump(data, as_yaml))
         else:

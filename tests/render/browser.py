@@ -1,0 +1,151 @@
+"""Headless Chromium for the picture tests and the docs images: provision, screenshot, check.
+
+Chromium comes from the Debian packages (``apt-get install -y chromium``). When it is missing,
+:func:`ensure_chromium` installs it (as root, after ``apt-get update`` if the first attempt
+fails) with a progress message; it raises with the reason when it cannot — never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+NAMES = ("chromium", "chromium-browser")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
+
+
+class BrowserUnavailable(RuntimeError):
+    """Chromium is missing and could not be installed (the reason is the message)."""
+
+
+def find_chromium() -> str | None:
+    for name in NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _say(message: str) -> None:
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"\n[kvplan tests] {message}\n")
+    stream.flush()
+
+
+def _apt(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    return subprocess.run(
+        ["apt-get", *args], capture_output=True, text=True, env=env, timeout=1800, check=False
+    )
+
+
+def ensure_chromium() -> str:
+    """The Chromium executable, installed with apt-get first when it is missing."""
+    found = find_chromium()
+    if found:
+        return found
+    if shutil.which("apt-get") is None:
+        raise BrowserUnavailable(
+            "Chromium is missing and this machine has no apt-get: install Chromium "
+            "(Debian: apt-get install -y chromium) and rerun"
+        )
+    if os.geteuid() != 0:
+        raise BrowserUnavailable(
+            "Chromium is missing and the tests do not run as root, so they cannot install it: "
+            "run `sudo apt-get install -y chromium` and rerun"
+        )
+    _say("Chromium is missing: installing it with `apt-get install -y chromium` (a minute or two)")
+    result = _apt("install", "-y", "chromium")
+    if result.returncode != 0:
+        _say("apt-get install failed; running `apt-get update` and trying again")
+        update = _apt("update")
+        if update.returncode != 0:
+            raise BrowserUnavailable(f"apt-get update failed:\n{update.stderr[-2000:]}")
+        result = _apt("install", "-y", "chromium")
+    if result.returncode != 0:
+        raise BrowserUnavailable(f"apt-get install -y chromium failed:\n{result.stderr[-2000:]}")
+    found = find_chromium()
+    if not found:
+        raise BrowserUnavailable("apt-get installed chromium but no chromium executable is on PATH")
+    _say(f"Chromium installed: {found}")
+    return found
+
+
+def _run(chromium: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    with tempfile.TemporaryDirectory(prefix="kvplan-chromium-") as profile:
+        return subprocess.run(
+            [chromium, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def screenshot(chromium: str, page: Path, png: Path, size: tuple[int, int] = (1400, 1000)) -> None:
+    """Render ``page`` (a file) in headless Chromium and save a ``size`` PNG of the viewport."""
+    png.unlink(missing_ok=True)
+    result = _run(
+        chromium,
+        f"--screenshot={png}",
+        f"--window-size={size[0]},{size[1]}",
+        page.resolve().as_uri(),
+    )
+    if result.returncode != 0 or not png.is_file():
+        raise RuntimeError(
+            f"chromium exited {result.returncode} without a screenshot:\n"
+            + result.stderr.decode(errors="replace")[-2000:]
+        )
+
+
+def dump_dom(chromium: str, page: Path) -> str:
+    """The DOM Chromium built from ``page`` (serialised after load)."""
+    result = _run(chromium, "--dump-dom", page.resolve().as_uri())
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr.decode(errors="replace")[-2000:])
+    return result.stdout.decode()
+
+
+def png_rows(png: Path) -> tuple[int, int, list[bytes]]:
+    """Width, height and the filtered scanlines of an 8-bit RGB/RGBA, non-interlaced PNG."""
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat = 8, b""
+    width = height = channels = 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and colour in (2, 6) and interlace == 0, (depth, colour, interlace)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = 1 + width * channels
+    return width, height, [raw[i * stride : (i + 1) * stride] for i in range(height)]
+
+
+def drawn_rows(png: Path) -> float:
+    """Share of scanlines that are not one flat colour (a blank page gives about 0).
+
+    A flat row, whatever its PNG filter, holds at most three distinct byte values.
+    """
+    _, height, rows = png_rows(png)
+    return sum(1 for row in rows if len(set(row[1:])) > 3) / max(height, 1)
