@@ -61,7 +61,7 @@ def test_text_report_disabled_by_default(doctor_env: pytest.MonkeyPatch) -> None
 
     code, out = _doctor()
     assert "enabled         no (set KVPLAN_ENABLE=1)" in out
-    assert "cuda-vmm" in out and "patch targets (vLLM 0.33 table)" in out
+    assert "cuda-vmm" in out and "patch targets (vllm-0.32-0.33 adapter)" in out
     if backend_status("cuda-vmm")[0]:
         assert code == 0 and "ready, but disabled" in out
     else:  # enabling would fail: say so now
@@ -111,3 +111,47 @@ def test_new_user_with_vllm() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["usable"] and all(t["ok"] for t in report["targets"])
+
+
+def test_text_report_names_the_supported_range_and_installed_version(
+    doctor_env: pytest.MonkeyPatch,
+) -> None:
+    import vllm
+    from kvplan.integrations.vllm.versions import supported_range
+
+    doctor_env.setenv("KVPLAN_ENABLE", "1")
+    doctor_env.setenv("KVPLAN_BACKEND", "host-vmm")
+    code, out = _doctor()
+    assert code == 0, out
+    assert f"supports        vLLM {supported_range()}" in out
+    assert f"vLLM            {vllm.__version__} installed" in out
+    assert "memfd_create works" in out and "verdict: ready:" in out
+
+
+def test_host_vmm_is_not_claimed_without_memfd(doctor_env: pytest.MonkeyPatch) -> None:
+    def no_memfd(name: str, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    doctor_env.setenv("KVPLAN_ENABLE", "1")
+    doctor_env.setenv("KVPLAN_BACKEND", "host-vmm")
+    doctor_env.setattr(os, "memfd_create", no_memfd)
+    code, out = _doctor("--json")
+    report = json.loads(out)
+    assert code == 2 and not report["usable"]
+    assert report["backend"]["available"] is False
+    assert "memfd_create" in report["backend"]["detail"]
+
+
+def test_unsupported_release_is_reported_with_its_differences(
+    doctor_env: pytest.MonkeyPatch,
+) -> None:
+    import vllm
+
+    doctor_env.setenv("KVPLAN_BACKEND", "torch")
+    doctor_env.setattr(vllm, "__version__", "0.31.0")
+    code, out = _doctor("--json")
+    report = json.loads(out)
+    assert code == 2 and report["vllm"]["supported_range"] == "0.32–0.33"
+    locations = {p["location"] for p in report["problems"]}
+    assert "vllm.v1.worker.utils.allocate_kv_cache" in locations
+    assert report["adapter"] == "vllm-0.32-0.33"  # the newest adapter's targets, for comparison
