@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -264,12 +263,16 @@ def test_apply_refuses_each_hole_with_validates_codes(what: str, tmp_path: Path)
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), st.data())
-def test_apply_refuses_every_plan_validate_refuses(data: dict[str, Any], draw: st.DataObject) -> None:
+def test_apply_refuses_every_plan_validate_refuses(
+    data: dict[str, Any], draw: st.DataObject
+) -> None:
     plan = kvplan.plan(parse_input(data))
     plan_data = to_data(plan)
     corruption = draw.draw(st.sampled_from(["field", "named", "shift"]))
     if corruption == "named" and len(plan.views) >= 2:
-        bad_plan: BindingPlan | None = _corruptions(plan)[draw.draw(st.sampled_from(sorted(EXPECTED)))]
+        bad_plan: BindingPlan | None = _corruptions(plan)[
+            draw.draw(st.sampled_from(sorted(EXPECTED)))
+        ]
     else:
         bad = copy.deepcopy(plan_data)
         if corruption == "shift" and plan.views:

@@ -291,9 +291,7 @@ class BoundKVCache:
         for mem in self._memory.values():
             parts = []
             if mem.mapped:
-                parts.append(
-                    f"{len(mem.mapped)} mapped chunks ({human_bytes(mem.mapped_bytes())})"
-                )
+                parts.append(f"{len(mem.mapped)} mapped chunks ({human_bytes(mem.mapped_bytes())})")
             if mem.reserved and not mem.freed:
                 parts.append(f"its {human_bytes(mem.reserved)} reservation")
             if parts:

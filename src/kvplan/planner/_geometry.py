@@ -139,15 +139,14 @@ def tensor_geometry(
                 "KERNEL_SPLIT_NOT_DENSE",
                 f"layout {layout.name} does not store blocks as dense unpadded pages "
                 f"(block stride {num(block_stride)} != page {num(dense_page)}), so a block "
-                f"cannot be split into {num(ratio)} kernel blocks of {num(kernel_block_size)} "
+                f"cannot be split into {num(ratio)} kernel blocks of {num(kernel_block_size or 0)} "
                 "tokens",
                 _SPLIT_HINT,
             )
         if block_stride % ratio:
             return GeometryError(
                 "KERNEL_SPLIT_NOT_DENSE",
-                f"block stride {num(block_stride)} does not divide into {num(ratio)} kernel "
-                "blocks",
+                f"block stride {num(block_stride)} does not divide into {num(ratio)} kernel blocks",
                 _SPLIT_HINT,
             )
         block_stride //= ratio

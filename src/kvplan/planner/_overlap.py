@@ -183,9 +183,7 @@ def _residue_candidates(progs: list[Prog], period: int) -> Iterator[tuple[Prog, 
         heapq.heappush(active, (hi, i))
 
 
-def _extent_candidates(
-    progs: list[Prog], bucket_of: list[int]
-) -> Iterator[tuple[Prog, Prog]]:
+def _extent_candidates(progs: list[Prog], bucket_of: list[int]) -> Iterator[tuple[Prog, Prog]]:
     """Pairs with intersecting byte extents, except pairs inside one same-period bucket."""
     order = sorted(range(len(progs)), key=lambda i: progs[i].start)
     active: dict[int, list[tuple[int, int]]] = defaultdict(list)  # bucket -> heap (end, i)

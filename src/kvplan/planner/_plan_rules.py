@@ -90,8 +90,7 @@ def _overlap_diagnostic(finding: Finding, pool: str, group: int) -> Diagnostic:
             Code.VIEW_OVERLAP,
             finding.b,
             f"shares bytes with {finding.a} in group {group} of pool {pool}",
-            "layers of one group must not share bytes; check layer_stride, block_stride "
-            "and offset",
+            "layers of one group must not share bytes; check layer_stride, block_stride and offset",
         )
     if finding.kind == "self":
         return error(
@@ -197,8 +196,7 @@ def _check_aliases(plan: BindingPlan, viewed: set[str]) -> list[Diagnostic]:
                     error(
                         Code.ALIAS_CYCLE,
                         loc,
-                        f"aliases form a cycle of {len(cycle)} layers: "
-                        + names(cycle, len(cycle)),
+                        f"aliases form a cycle of {len(cycle)} layers: " + names(cycle, len(cycle)),
                         "point every alias of the cycle at a tensor-backed layer",
                     )
                 )

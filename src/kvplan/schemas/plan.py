@@ -94,9 +94,7 @@ class Summary(_Frozen):
     aliased_layers: int = Field(ge=0)
     bytes_per_block: int = Field(ge=0, description="pool bytes per block, all tensor-backed layers")
     pool_bytes: int = Field(ge=0)
-    alias_saved_bytes: int = Field(
-        ge=0, description="bytes the sharers would need without sharing"
-    )
+    alias_saved_bytes: int = Field(ge=0, description="bytes the sharers would need without sharing")
 
 
 class BindingPlan(_Frozen):
