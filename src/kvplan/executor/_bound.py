@@ -211,6 +211,7 @@ class BoundKVCache:
                             f"{exc.call} failed during {action} on pool {name!r} bytes "
                             f"[{off}, {off + length}) ({human_bytes(length)}): {exc.detail}. "
                             "The chunk stays mapped.",
+                            "retry release_blocks later; close() releases it in any case",
                         )
                     ) from exc
                 mem.mapped.discard(c)

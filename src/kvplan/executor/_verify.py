@@ -96,6 +96,7 @@ def verify(
                         f"{view.layer}.pool",
                         f"The tensor's storage is not the storage of the other views of pool "
                         f"{view.pool!r}.",
+                        "bind every view of a pool over that pool's one allocation",
                     )
                 )
         offset = t.data_ptr() - base
@@ -154,13 +155,21 @@ def verify(
         t = tensors.get(alias.layer)
         target = tensors.get(alias.target)
         if t is None:
-            diags.append(error(Code.VERIFY_MISMATCH, alias.layer, "The alias layer has no tensor."))
+            diags.append(
+                error(
+                    Code.VERIFY_MISMATCH,
+                    alias.layer,
+                    "The alias layer has no tensor.",
+                    "bind the sharer to its target's tensor object",
+                )
+            )
         elif target is None:
             diags.append(
                 error(
                     Code.VERIFY_MISMATCH,
                     f"{alias.layer}.target",
                     f"The alias target {alias.target!r} has no tensor.",
+                    "bind the target layer first",
                 )
             )
         elif t is not target:
