@@ -583,3 +583,29 @@ def test_verify_reports_plan_errors_and_real_memory() -> None:
     t1 = torch.as_strided(typed, v1.shape, v1.stride, v1.storage_offset)
     diags = verify(plan, {v0.layer: t0, v1.layer: t1}, pools={"kv": short})
     assert any("allocation" in d.message for d in diags)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=3, max_size=3), st.data())
+def test_overlap_pairs_are_exact_for_several_views(periods: list[int], draw: st.DataObject) -> None:
+    # shared periods and their multiples exercise the modulo-gcd sweep, not only extents
+    base = draw.draw(st.sampled_from([8, 12, 16]))
+    views = []
+    for i, k in enumerate(periods):
+        v = draw.draw(small_views(f"v{i}"))
+        if k:
+            stride = [max(1, base * k // v.itemsize), *v.stride[1:]]
+            v = v.model_copy(update={"stride": stride})
+        views.append(v)
+    found = find_overlaps(views)
+    assert not any(f.kind == "complex" for f in found)
+    sets = [_bytes(v) for v in views]
+    pairs = {
+        (views[i].layer, views[j].layer)
+        for i in range(3)
+        for j in range(i + 1, 3)
+        if set(sets[i]) & set(sets[j])
+    }
+    selfs = {v.layer for v, bs in zip(views, sets, strict=True) if len(set(bs)) < len(bs)}
+    assert {(f.a, f.b) for f in found if f.kind == "pair"} == pairs
+    assert {f.a for f in found if f.kind == "self"} == selfs

@@ -9,10 +9,12 @@ progression per view; kvplan accepts at most :data:`MAX_PROGRESSIONS_PER_VIEW`.
 Two progressions share a byte iff some pair ``(i, j)`` has ``j*q - i*p`` in a small
 integer window; the number of such pairs is a difference of clamped floor sums, computed
 with the Euclid-like ``floor_sum`` in ``O(log)`` steps, so the answer is exact for any
-strides, offsets and sizes. Candidate pairs come from two sweeps that never enumerate
-blocks: same-period progressions by their footprint modulo the period, the rest by byte
-extent. Every candidate examined counts against a budget (:data:`MAX_PAIR_CHECKS` per
-plan); a plan that exhausts it is refused (``KVP311``) instead of being half-checked.
+strides, offsets and sizes. Candidate pairs come from sweeps that never enumerate
+blocks: views are first split into clusters of chain-overlapping byte extents, then
+progressions are paired by their footprint modulo the gcd of the cluster's periods (or,
+for runs longer than that, by byte extent). Every candidate examined counts against a
+budget (:data:`MAX_PAIR_CHECKS` per plan); a plan that exhausts it is refused (``KVP311``)
+instead of being half-checked.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ def view_progressions(view: View, owner: int) -> list[Prog] | None:
 
 
 def _residue_candidates(progs: list[Prog], period: int) -> Iterator[tuple[Prog, Prog]]:
-    """Pairs of same-period progressions whose footprints modulo ``period`` intersect."""
+    """Pairs of progressions (runs at most ``period`` long) whose footprints modulo
+    ``period`` intersect."""
     spans: list[tuple[int, int, int]] = []
     for i, prog in enumerate(progs):
         lo = prog.start % period
@@ -277,19 +280,27 @@ def _extent_clusters(progs: list[Prog]) -> Iterator[list[Prog]]:
 
 
 def _cluster_candidates(progs: list[Prog]) -> Iterator[tuple[Prog, Prog]]:
-    """Candidate pairs of one cluster: same-period progressions (runs no longer than the
-    period) by footprint modulo the period, every other pair by byte extent."""
-    buckets: dict[int, list[int]] = defaultdict(list)
-    bucket_of = [-1] * len(progs)
-    for i, prog in enumerate(progs):
-        if prog.count > 1 and 0 < prog.run <= prog.period:
-            buckets[prog.period].append(i)
-    for key, (_, members) in enumerate(sorted(buckets.items())):
-        for i in members:
-            bucket_of[i] = key
-    for period, members in sorted(buckets.items()):
-        yield from _residue_candidates([progs[i] for i in members], period)
-    yield from _extent_candidates(progs, bucket_of)
+    """Candidate pairs of one cluster (every pair that may share a byte, maybe more).
+
+    With ``G`` the gcd of the cluster's periods, ``j*q - i*p`` is a multiple of ``G`` for
+    any two progressions, so two whose runs (no longer than ``G``) are disjoint modulo ``G``
+    cannot meet: those are paired by a sweep over footprints modulo ``G``. Progressions
+    with longer runs are paired with everything by byte extent, and so is every pair when
+    the footprints crowd the circle (the modulus would filter little).
+    """
+    modulus = 0
+    for prog in progs:
+        if prog.count > 1:
+            modulus = _gcd(modulus, prog.period)
+    filtered = [modulus > 0 and prog.run <= modulus for prog in progs]
+    # the residue sweep only pays off when footprints do not crowd the circle
+    if sum(p.run for p, f in zip(progs, filtered, strict=True) if f) > 4 * modulus:
+        filtered = [False] * len(progs)
+    if any(filtered):
+        yield from _residue_candidates(
+            [p for p, f in zip(progs, filtered, strict=True) if f], modulus
+        )
+    yield from _extent_candidates(progs, [0 if f else -1 for f in filtered])
 
 
 def _short(values: Sequence[int], limit: int = 8) -> str:
