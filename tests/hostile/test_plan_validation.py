@@ -609,3 +609,12 @@ def test_overlap_pairs_are_exact_for_several_views(periods: list[int], draw: st.
     selfs = {v.layer for v, bs in zip(views, sets, strict=True) if len(set(bs)) < len(bs)}
     assert {(f.a, f.b) for f in found if f.kind == "pair"} == pairs
     assert {f.a for f in found if f.kind == "self"} == selfs
+
+
+def test_views_with_too_many_run_progressions_are_refused_boundedly() -> None:
+    # [64, 64, 64] with non-mergeable strides: 4096 progressions per view, 20 views
+    views = [view(f"l{i}", [64, 64, 64], [100_000, 1000, 3], i * 7) for i in range(20)]
+    found = find_overlaps(views)
+    assert any(f.kind == "complex" for f in found)
+    one = find_overlaps([view("x", [65, 65, 65], [100_000, 1000, 3], 0)])
+    assert [f.kind for f in one] == ["complex"]

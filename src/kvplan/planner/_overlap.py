@@ -30,6 +30,8 @@ MAX_PROGRESSIONS_PER_VIEW = 4096
 """Enumerated run progressions one view may have (vLLM layouts need 1)."""
 MAX_PAIR_CHECKS = 200_000
 """Candidate progression pairs examined per plan before kvplan refuses to decide."""
+MAX_PROGRESSIONS = 1 << 16
+"""Run progressions of all views of a plan together (bounds memory)."""
 MAX_FINDINGS_PER_GROUP = 8
 
 
@@ -62,6 +64,7 @@ class Budget:
 
     def __init__(self, checks: int = MAX_PAIR_CHECKS) -> None:
         self.left = checks
+        self.progressions = MAX_PROGRESSIONS
 
     def spend(self) -> bool:
         self.left -= 1
@@ -220,6 +223,17 @@ def find_overlaps(views: Sequence[View], budget: Budget | None = None) -> list[F
                 )
             )
             continue
+        budget.progressions -= len(mine)
+        if budget.progressions < 0:
+            findings.append(
+                Finding(
+                    "complex",
+                    view.layer,
+                    detail=f"the plan's views have more than {MAX_PROGRESSIONS} strided run "
+                    "progressions in all",
+                )
+            )
+            return findings
         for prog in mine:
             if prog.count > 1 and prog.period < prog.run:
                 findings.append(
