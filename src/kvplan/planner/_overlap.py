@@ -240,7 +240,8 @@ def find_overlaps(views: Sequence[View], budget: Budget | None = None) -> list[F
                     Finding(
                         "self",
                         view.layer,
-                        detail=f"elements {prog.period} bytes apart span {prog.run} bytes each",
+                        detail=f"runs of {prog.run} contiguous bytes start only {prog.period} "
+                        "bytes apart",
                     )
                 )
                 break
