@@ -115,6 +115,9 @@ CASES: dict[str, Any] = {
     "KVP303-block-stride-misaligned.json": _mut(
         lambda d: spec(d).update(block_stride_alignment=3000)
     ),
+    "KVP310-block-stride-half-page.json": _mut(
+        lambda d: tensor(d).update(block_stride=tensor(d)["block_stride"] // 2)
+    ),
 }
 
 

@@ -6,12 +6,17 @@ import time
 from functools import partial
 from typing import Any, Literal
 
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
 from kvplan.executor._bound import BoundKVCache
 from kvplan.executor._memory import PoolMemory, Transaction, failure, map_chunks
 from kvplan.executor._views import build_tensors
 from kvplan.executor.backends import create_backend
 from kvplan.executor.backends.base import Backend, next_pow2, round_up
+from kvplan.planner._text import num
 from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.loading import diagnostics_from_validation
 from kvplan.schemas.plan import BindingPlan
 
 DEFAULT_CHUNK_BYTES = 2 << 20
@@ -38,13 +43,26 @@ def apply(
     physical allocation, rounded up to the backend granularity. ``options`` go to the
     backend factory. A failed primitive undoes everything done so far and raises
     ``KVPlanError`` ``KVP402``; an unusable backend raises ``KVP401``.
+
+    The plan is validated first, exactly as ``kvplan validate`` does: a plan with any error
+    (malformed fields ``KVP004``, overlapping or duplicate views, alias chains or cycles,
+    duplicate pools, out-of-bounds views...) raises ``KVPlanError`` with validate's codes
+    before any memory is touched.
     """
-    if mode not in ("eager", "elastic"):
+    if not isinstance(mode, str) or mode not in ("eager", "elastic"):
         raise KVPlanError(
             error(Code.UNKNOWN_ENUM, "mode", f"Unknown mode {mode!r}.", "use eager or elastic")
         )
-    if chunk_size <= 0:
-        raise KVPlanError(error(Code.SCHEMA, "chunk_size", "chunk_size must be positive."))
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                "chunk_size",
+                f"chunk_size must be a positive integer (bytes), got {_brief(chunk_size)}.",
+                "pass a byte count such as 2 << 20",
+            )
+        )
+    plan = checked_plan(plan)
     import torch  # noqa: F401 - load it before anything is timed or reserved
 
     owns = isinstance(backend, str)
@@ -123,6 +141,48 @@ def _apply(plan: BindingPlan, be: Backend, mode: str, chunk_size: int, owns: boo
         owns_backend=owns,
         timings_ms=timings,
     )
+
+
+def checked_plan(plan: object) -> BindingPlan:
+    """``plan`` re-validated field by field and by :func:`kvplan.planner.validate`'s rules.
+
+    Raises ``KVPlanError`` with the same codes ``kvplan validate`` reports (``KVP004`` for
+    a malformed field, e.g. a plan built with ``model_construct``).
+    """
+    from kvplan.planner import check_plan
+
+    if not isinstance(plan, BindingPlan):
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                "plan",
+                f"apply takes a BindingPlan, got {type(plan).__name__}.",
+                "load the plan with kvplan.load_plan or build it with kvplan.plan",
+            )
+        )
+    try:
+        data = plan.model_dump(mode="python", warnings="none", round_trip=True)
+        checked = BindingPlan.model_validate(data)
+    except ValidationError as exc:
+        raise KVPlanError(diagnostics_from_validation(exc, "plan")) from None
+    except (TypeError, ValueError, AttributeError, PydanticSerializationError) as exc:
+        raise KVPlanError(
+            error(
+                Code.SCHEMA,
+                "plan",
+                f"the plan's fields cannot be read ({type(exc).__name__}).",
+                "build plans with kvplan.plan or load them with kvplan.load_plan",
+            )
+        ) from None
+    errors = [d for d in check_plan(checked, granularity=0) if d.is_error]
+    if errors:
+        raise KVPlanError(errors)
+    return checked
+
+
+def _brief(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) else num(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _empty(be: Backend) -> Any:

@@ -53,6 +53,8 @@ class BoundKVCache:
         self._blocks: set[int] = set()
         self._index: PageIndex | None = None
         self.closed = False
+        self._closing = False
+        self._backend_closed = False
 
     # -- accounting -----------------------------------------------------------------------
     @property
@@ -102,7 +104,7 @@ class BoundKVCache:
 
     # -- elastic --------------------------------------------------------------------------
     def _block_ids(self, block_ids: Iterable[int]) -> list[int]:
-        if self.closed:
+        if self.closed or self._closing:
             raise RuntimeError("the KV cache is closed")
         ids = list(dict.fromkeys(int(b) for b in block_ids))
         index = self.page_index
@@ -209,6 +211,7 @@ class BoundKVCache:
                             f"{exc.call} failed during {action} on pool {name!r} bytes "
                             f"[{off}, {off + length}) ({human_bytes(length)}): {exc.detail}. "
                             "The chunk stays mapped.",
+                            "retry release_blocks later; close() releases it in any case",
                         )
                     ) from exc
                 mem.mapped.discard(c)
@@ -217,44 +220,84 @@ class BoundKVCache:
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Unmap and free everything (idempotent). Tensors from this cache become invalid."""
+        """Unmap and free everything. Tensors from this cache become invalid.
+
+        Idempotent once it succeeded. If a backend call fails, everything else is still
+        released, the cache stays *closing* (``closed`` is False, tensors are gone, nothing
+        new can be mapped) and ``KVPlanError`` ``KVP410`` says what remains mapped or
+        reserved; calling ``close()`` again retries exactly what is left.
+        """
         if self.closed:
             return
-        self.closed = True
+        self._closing = True
         self.tensors = {}
         self.pools = {}
+        self._blocks.clear()
         errors: list[str] = []
         try:
             self.backend.synchronize()
         except Exception as exc:
-            errors.append(f"synchronize: {exc}")
+            errors.append(f"synchronize: {_short(exc)}")
         for mem in self._memory.values():
-            ok = True
+            mem.refs.clear()
             for c in sorted(mem.mapped):
                 off, length = mem.span(c)
                 try:
                     self.backend.unmap(mem.address + off, length)
-                    mem.mapped.discard(c)
                 except Exception as exc:
-                    ok = False
-                    errors.append(f"unmap {mem.name}[{off}:{off + length}]: {exc}")
-            mem.refs.clear()
-            if mem.reserved and ok:
+                    errors.append(f"unmap {mem.name}[{off}:{off + length}]: {_short(exc)}")
+                else:
+                    mem.mapped.discard(c)
+            if mem.reserved and not mem.freed and not mem.mapped:
                 try:
                     self.backend.free(mem.address, mem.reserved)
                 except Exception as exc:
-                    errors.append(f"free {mem.name}: {exc}")
-        self._blocks.clear()
-        if self._owns_backend:
-            self.backend.close()
+                    errors.append(f"free {mem.name}: {_short(exc)}")
+                else:
+                    mem.freed = True
+        left = self._leftovers()
+        if not left and self._owns_backend and not self._backend_closed:
+            try:
+                self.backend.close()
+            except Exception as exc:
+                errors.append(f"backend close: {_short(exc)}")
+                left = ["the backend itself"]
+            else:
+                self._backend_closed = True
+        if not left:
+            self.closed = True
         if errors:
+            remains = "; ".join(left) if left else "nothing (every resource was released)"
             raise KVPlanError(
                 error(
-                    Code.DRIVER_CALL_FAILED,
+                    Code.CLOSE_INCOMPLETE,
                     "cache.close",
-                    f"{len(errors)} calls failed while closing: {'; '.join(errors[:3])}.",
+                    f"{len(errors)} backend calls failed while closing "
+                    f"({'; '.join(errors[:3])}{'; ...' if len(errors) > 3 else ''}). "
+                    f"Still held: {remains}.",
+                    "call close() again to retry what is left"
+                    if left
+                    else "nothing to do; the cache is closed",
                 )
             )
+
+    @property
+    def closing(self) -> bool:
+        """``close()`` started but could not release everything yet (retry it)."""
+        return self._closing and not self.closed
+
+    def _leftovers(self) -> list[str]:
+        """What ``close()`` has not released yet, one phrase per pool."""
+        out = []
+        for mem in self._memory.values():
+            parts = []
+            if mem.mapped:
+                parts.append(f"{len(mem.mapped)} mapped chunks ({human_bytes(mem.mapped_bytes())})")
+            if mem.reserved and not mem.freed:
+                parts.append(f"its {human_bytes(mem.reserved)} reservation")
+            if parts:
+                out.append(f"pool {mem.name!r}: " + " and ".join(parts))
+        return out
 
     def __enter__(self) -> BoundKVCache:
         return self
@@ -263,8 +306,17 @@ class BoundKVCache:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{human_bytes(self.mapped_bytes)} mapped"
+        state = (
+            "closed"
+            if self.closed
+            else ("closing" if self._closing else f"{human_bytes(self.mapped_bytes)} mapped")
+        )
         return (
             f"<BoundKVCache {self.backend.name} {self.mode} {len(self.tensors)} tensors, "
             f"{human_bytes(self.reserved_bytes)} reserved, {state}>"
         )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -28,6 +28,8 @@ class PoolMemory:
     chunk: int
     mapped: set[int] = field(default_factory=set)
     refs: dict[int, int] = field(default_factory=dict)
+    freed: bool = False
+    """The reservation was given back (by ``BoundKVCache.close``)."""
 
     @property
     def num_chunks(self) -> int:

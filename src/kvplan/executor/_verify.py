@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from kvplan.planner._overlap import Budget, find_overlaps
+from kvplan.planner._plan_rules import RAW_STORAGE_KINDS, check_plan
+from kvplan.planner._text import num
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
-from kvplan.schemas.plan import BindingPlan
+from kvplan.schemas.plan import BindingPlan, View
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+
+_MAX_DIAGNOSTICS = 1000
+
+
+def _real_view(view: View, t: Tensor, offset: int) -> View | None:
+    """The view the tensor really is (plan dtype, the tensor's shape/stride/offset)."""
+    shape, stride = list(t.shape), list(t.stride())
+    if offset < 0 or any(s < 0 for s in stride):
+        return None
+    return View(
+        layer=view.layer,
+        group=view.group,
+        pool=view.pool,
+        kind=view.kind,
+        dtype=view.dtype,
+        shape=shape,
+        stride=stride,
+        offset_bytes=offset,
+    )
 
 
 def _mismatch(layer: str, field: str, expected: object, got: object) -> Diagnostic:
@@ -29,14 +53,20 @@ def verify(
 ) -> list[Diagnostic]:
     """``KVP403`` diagnostics for every way ``tensors`` differ from ``plan`` (empty: proven).
 
-    Checks each view layer's dtype, shape, stride (elements) and byte offset from its pool's
-    base, and that each alias is the very same tensor object as its target (``is``). The
-    pool base is ``pools[name].data_ptr()`` when ``pools`` is given, else the start of the
-    tensor's storage; then all views of one pool must also share that storage. Works for
-    any tensors (kvplan's, vLLM's, meta). Layers the plan does not know are warnings.
+    First the plan itself is validated (its errors are returned with validate's codes: a
+    tensor matching a wrong plan proves nothing). Then each view layer's dtype, shape,
+    stride (elements) and byte offset from its pool's base are compared, and each alias
+    must be the very same tensor object as its target (``is``). The pool base is
+    ``pools[name].data_ptr()`` when ``pools`` is given, else the start of the tensor's
+    storage; then all views of one pool must also share that storage. Independently of the
+    plan, the memory the tensors really use is checked: every tensor lies inside its pool's
+    allocation, and the tensors of different views of one group (and the elements of one
+    view) share no byte. Works for any tensors (kvplan's, vLLM's, meta). Layers the plan
+    does not know are warnings.
     """
-    diags: list[Diagnostic] = []
+    diags: list[Diagnostic] = [d for d in check_plan(plan, granularity=0) if d.is_error]
     bases: dict[str, int] = {}
+    actual: dict[tuple[str, int], list[View]] = defaultdict(list)
     for view in plan.views:
         t = tensors.get(view.layer)
         if t is None:
@@ -66,22 +96,80 @@ def verify(
                         f"{view.layer}.pool",
                         f"The tensor's storage is not the storage of the other views of pool "
                         f"{view.pool!r}.",
+                        "bind every view of a pool over that pool's one allocation",
                     )
                 )
         offset = t.data_ptr() - base
         if offset != view.offset_bytes:
             diags.append(_mismatch(view.layer, "offset_bytes", view.offset_bytes, offset))
+        if got_dtype != view.dtype:
+            continue
+        if pools is not None and view.pool in pools:
+            limit = pools[view.pool].numel() * pools[view.pool].element_size()
+        else:
+            limit = t.untyped_storage().nbytes()
+        real = _real_view(view, t, offset)
+        if real is None:
+            diags.append(
+                error(
+                    Code.VERIFY_MISMATCH,
+                    f"{view.layer}.memory",
+                    f"The tensor starts {num(-offset)} bytes before its pool's base "
+                    f"or has a negative stride.",
+                    "the binding does not follow the plan; re-plan or fix the allocator",
+                )
+            )
+            continue
+        lo, hi = real.byte_extent
+        if hi > limit:
+            diags.append(
+                error(
+                    Code.VERIFY_MISMATCH,
+                    f"{view.layer}.memory",
+                    f"The tensor uses bytes [{num(lo)}, {num(hi)}) but its pool's allocation "
+                    f"has {num(limit)} bytes.",
+                    "the binding does not follow the plan; re-plan or fix the allocator",
+                )
+            )
+        elif view.kind not in RAW_STORAGE_KINDS:
+            actual[(view.pool, view.group)].append(real)
+    budget = Budget()
+    for (pool_name, group), views in sorted(actual.items()):
+        for finding in find_overlaps(views, budget):
+            where = finding.b or finding.a
+            if finding.kind == "pair":
+                text = f"The tensors of {finding.a} and {finding.b} share memory"
+            elif finding.kind == "self":
+                text = f"The tensor of {finding.a} overlaps itself ({finding.detail})"
+            else:
+                text = f"Disjointness could not be decided ({finding.detail})"
+            diags.append(
+                error(
+                    Code.VERIFY_MISMATCH,
+                    f"{where}.memory",
+                    f"{text} in group {group} of pool {pool_name!r}.",
+                    "views of one group must be disjoint; re-plan or fix the allocator",
+                )
+            )
     for alias in plan.aliases:
         t = tensors.get(alias.layer)
         target = tensors.get(alias.target)
         if t is None:
-            diags.append(error(Code.VERIFY_MISMATCH, alias.layer, "The alias layer has no tensor."))
+            diags.append(
+                error(
+                    Code.VERIFY_MISMATCH,
+                    alias.layer,
+                    "The alias layer has no tensor.",
+                    "bind the sharer to its target's tensor object",
+                )
+            )
         elif target is None:
             diags.append(
                 error(
                     Code.VERIFY_MISMATCH,
                     f"{alias.layer}.target",
                     f"The alias target {alias.target!r} has no tensor.",
+                    "bind the target layer first",
                 )
             )
         elif t is not target:
@@ -95,6 +183,8 @@ def verify(
                 )
             )
     known = set(plan.layers)
+    if len(diags) > _MAX_DIAGNOSTICS:
+        diags = diags[:_MAX_DIAGNOSTICS]
     for layer in tensors:
         if layer not in known:
             diags.append(

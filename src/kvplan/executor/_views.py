@@ -44,7 +44,12 @@ def build_tensors(plan: BindingPlan, pools: dict[str, torch.Tensor]) -> dict[str
         raw = pools.get(view.pool)
         if raw is None:
             raise KVPlanError(
-                error(Code.UNKNOWN_POOL, view.layer, f"View uses unknown pool {view.pool!r}.")
+                error(
+                    Code.UNKNOWN_POOL,
+                    view.layer,
+                    f"View uses unknown pool {view.pool!r}.",
+                    "validate the plan (kvplan validate) before binding it",
+                )
             )
         isz = view.itemsize
         if view.offset_bytes % isz:
@@ -53,6 +58,7 @@ def build_tensors(plan: BindingPlan, pools: dict[str, torch.Tensor]) -> dict[str
                     Code.MISALIGNED,
                     f"{view.layer}.offset_bytes",
                     f"offset {view.offset_bytes} is not a multiple of {view.dtype}'s {isz} bytes.",
+                    "validate the plan (kvplan validate) before binding it",
                 )
             )
         lo, hi = view.byte_extent
@@ -62,6 +68,7 @@ def build_tensors(plan: BindingPlan, pools: dict[str, torch.Tensor]) -> dict[str
                     Code.VIEW_OUT_OF_BOUNDS,
                     view.layer,
                     f"bytes [{lo}, {hi}) fall outside pool {view.pool!r} ({raw.numel()} bytes).",
+                    "validate the plan (kvplan validate) before binding it",
                 )
             )
         key = (view.pool, view.dtype)
@@ -83,6 +90,7 @@ def build_tensors(plan: BindingPlan, pools: dict[str, torch.Tensor]) -> dict[str
                     Code.ALIAS_TARGET_MISSING,
                     alias.layer,
                     f"Alias target {alias.target!r} has no tensor.",
+                    "point the alias at a tensor-backed layer",
                 )
             )
         tensors[alias.layer] = tensors[target]

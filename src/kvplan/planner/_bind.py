@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvplan.planner._geometry import GeometryError, tensor_geometry
+from kvplan.planner._text import num, nums
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
@@ -112,14 +113,7 @@ def _tensor_views(
     loc = f"kv_cache_config.kv_cache_tensors[{t_index}]"
     geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel)
     if isinstance(geo, GeometryError):
-        return error(
-            Code[geo.code],
-            loc,
-            geo.message,
-            "use a layer-compact layout (e.g. LBNHC) or a kernel block size equal to the block size"
-            if geo.code.startswith("KERNEL")
-            else "",
-        )
+        return error(Code[geo.code], loc, geo.message, geo.hint)
     dtype = spec.view_dtype
     isz = itemsize(dtype)
     _, b, h, n, c_bytes = geo.shape
@@ -128,7 +122,7 @@ def _tensor_views(
         return error(
             Code.MISALIGNED,
             loc,
-            f"content {c_bytes} B, strides {list(geo.strides)} B or offset {offset} B "
+            f"content {num(c_bytes)} B, strides {nums(geo.strides)} B or offset {num(offset)} B "
             f"are not multiples of {dtype}'s {isz}-byte element",
             "align sizes, strides and offsets to the dtype",
         )

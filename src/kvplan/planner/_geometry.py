@@ -9,16 +9,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvplan.planner._text import num, nums
 from kvplan.schemas.layout import DIM_B, DIM_L, KVCacheLayout
 from kvplan.schemas.specs import Spec
 
 
 @dataclass(frozen=True)
 class GeometryError:
-    """Why a tensor cannot be viewed: a code name from :class:`kvplan.schemas.Code` and text."""
+    """Why a tensor cannot be viewed: a code name from :class:`kvplan.schemas.Code`, the
+    text and what to do about it."""
 
     code: str
     message: str
+    hint: str = ""
+
+
+_SPLIT_HINT = (
+    "use a layer-compact layout (e.g. LBNHC) with dense pages, or a kernel block size equal "
+    "to the block size"
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,9 @@ def layout_strides(
             return GeometryError(
                 "PAGE_GRID_INVALID",
                 f"padded pages need only L, B or singleton axes outside the page; layout "
-                f"{layout.name} with shape {list(shape)} puts another axis there",
+                f"{layout.name} with shape {nums(shape)} puts another axis there",
+                "use a layout whose L and B axes are outermost (LBNHC, LBHNC, BLNHC or BLHNC), "
+                "or drop page_size_padded",
             )
     strides = [0] * 5
     current = 1
@@ -72,7 +83,9 @@ def layout_strides(
             if current % padded_page:
                 return GeometryError(
                     "PAGE_GRID_INVALID",
-                    f"inner stride {current} is not a multiple of the padded page {padded_page}",
+                    f"the page content ({num(current)} bytes) is larger than the padded page "
+                    f"{num(padded_page)} and not a multiple of it",
+                    f"raise page_size_padded to a multiple of {num(current)} or drop it",
                 )
         strides[dim] = fixed[dim] or current
         current = strides[dim] * shape[dim]
@@ -89,13 +102,32 @@ def tensor_geometry(
     kernel_block_size: int | None,
 ) -> TensorGeometry | GeometryError:
     """The 5-D geometry of a KVCacheTensor's views, or why vLLM would refuse it."""
-    if kernel_block_size is not None and (
-        kernel_block_size <= 0 or spec.block_size % kernel_block_size
-    ):
+    if num_blocks <= 0:
+        return GeometryError(
+            "BAD_NUM_BLOCKS",
+            f"the tensor's pool has {num(num_blocks)} blocks",
+            "give num_blocks (and hisparse_host_num_blocks for host pools) a positive value",
+        )
+    if kernel_block_size is not None and kernel_block_size <= 0:
         return GeometryError(
             "KERNEL_BLOCK_MISMATCH",
-            f"kernel block size {kernel_block_size} does not divide the block size "
-            f"{spec.block_size}",
+            f"kernel block size {num(kernel_block_size)} is not positive",
+            "give every group the positive kernel block size its attention backend uses "
+            "(a divisor of its block_size)",
+        )
+    if kernel_block_size is not None and spec.block_size % kernel_block_size:
+        return GeometryError(
+            "KERNEL_BLOCK_MISMATCH",
+            f"kernel block size {num(kernel_block_size)} does not divide the block size "
+            f"{num(spec.block_size)}",
+            f"use a divisor of {num(spec.block_size)}, e.g. {num(spec.block_size)}",
+        )
+    if kernel_block_size is not None and spec.num_kernel_states(kernel_block_size) <= 0:
+        return GeometryError(
+            "KERNEL_BLOCK_MISMATCH",
+            f"a kernel block of {num(kernel_block_size)} tokens holds no state of "
+            f"{spec.tokens_per_state_value} tokens",
+            "use a kernel block size that is a multiple of tokens_per_state",
         )
     shape_bytes = layer_shape_bytes(spec, num_blocks, kernel_block_size)
     ratio = shape_bytes[0] // num_blocks
@@ -106,13 +138,16 @@ def tensor_geometry(
             return GeometryError(
                 "KERNEL_SPLIT_NOT_DENSE",
                 f"layout {layout.name} does not store blocks as dense unpadded pages "
-                f"(block stride {block_stride} != page {dense_page}), so a block cannot be "
-                f"split into {ratio} kernel blocks of {kernel_block_size} tokens",
+                f"(block stride {num(block_stride)} != page {num(dense_page)}), so a block "
+                f"cannot be split into {num(ratio)} kernel blocks of {num(kernel_block_size or 0)} "
+                "tokens",
+                _SPLIT_HINT,
             )
         if block_stride % ratio:
             return GeometryError(
                 "KERNEL_SPLIT_NOT_DENSE",
-                f"block stride {block_stride} does not divide into {ratio} kernel blocks",
+                f"block stride {num(block_stride)} does not divide into {num(ratio)} kernel blocks",
+                _SPLIT_HINT,
             )
         block_stride //= ratio
     if (
@@ -121,7 +156,9 @@ def tensor_geometry(
         and kernel_block_size != spec.block_size
     ):
         return GeometryError(
-            "KERNEL_SPLIT_NOT_DENSE", "padded KV pages do not support kernel block splitting"
+            "KERNEL_SPLIT_NOT_DENSE",
+            "padded KV pages do not support kernel block splitting",
+            "drop page_size_padded, or use a kernel block size equal to the block size",
         )
     shape = (num_layers, *shape_bytes)
     strides = layout_strides(shape, layout, padded, (layer_stride, block_stride, None, None, None))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from kvplan.planner._sharing import analyse
+from kvplan.planner._text import names, num
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.specs import (
@@ -27,14 +29,19 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
     group_of: dict[str, int] = {}
     for g, group in enumerate(cfg.kv_cache_groups):
         for layer in group.layer_names:
-            if layer in group_of and group_of[layer] != g:
+            if layer in group_of:
+                where = (
+                    f"twice in group {g}"
+                    if group_of[layer] == g
+                    else f"in groups {group_of[layer]} and {g}"
+                )
                 out.append(
                     error(
                         Code.DUPLICATE_GROUP_LAYER,
                         layer,
-                        f"layer is listed in groups {group_of[layer]} and {g}; a layer belongs to "
-                        "exactly one KV cache group",
-                        "remove it from one of the groups",
+                        f"layer is listed {where}; a layer belongs to exactly one KV cache "
+                        "group, once",
+                        "remove the extra entry from layer_names",
                     )
                 )
             group_of.setdefault(layer, g)
@@ -59,9 +66,10 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
                     error(
                         Code.PADDED_PAGE_TOO_SMALL,
                         f"kv_cache_config.kv_cache_groups[{g}].kv_cache_spec",
-                        f"page_size_padded {padded} is smaller than the unpadded page "
-                        f"{sub.unpadded_page_size_bytes} bytes",
-                        "raise page_size_padded or drop it",
+                        f"page_size_padded {num(padded)} is smaller than the unpadded page "
+                        f"{num(sub.unpadded_page_size_bytes)} bytes",
+                        f"raise page_size_padded to at least {num(sub.unpadded_page_size_bytes)}"
+                        " or drop it",
                     )
                 )
 
@@ -84,9 +92,9 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
                     error(
                         Code.TENSOR_SIZE_MISMATCH,
                         _loc_tensor(i, "size"),
-                        f"size {t.size} differs from the other tensors' {common}; every tensor "
-                        "places its layers in the same backing allocation",
-                        f"set size to {common}",
+                        f"size {num(t.size)} differs from the other tensors' {num(common)}; "
+                        "every tensor places its layers in the same backing allocation",
+                        f"set size to {num(common)}",
                     )
                 )
 
@@ -104,12 +112,17 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
             continue
         for layer in t.layers:
             if layer in tensor_of:
+                where = (
+                    f"listed twice in tensor {i}"
+                    if tensor_of[layer] == i
+                    else f"placed by tensors {tensor_of[layer]} and {i}"
+                )
                 out.append(
                     error(
                         Code.LAYER_BOUND_TWICE,
                         layer,
-                        f"layer is placed by tensors {tensor_of[layer]} and {i}",
-                        "place each layer in exactly one tensor",
+                        f"layer is {where}",
+                        "place each layer in exactly one tensor, once",
                     )
                 )
             else:
@@ -137,29 +150,45 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
                 error(
                     Code.SCHEMA,
                     _loc_tensor(i),
-                    f"the spec of {t.layers[0]} has an empty page ({page} bytes)",
+                    f"the spec of {t.layers[0]} has an empty page ({num(page)} bytes)",
                     "check num_kv_heads, head_size, block_size and tokens_per_state",
                 )
             )
             continue
         if t.size % page:
+            below = t.size // page * page
+            if below:
+                fix = f"use a multiple of {num(page)}, e.g. {num(below)} or {num(below + page)}"
+            else:
+                fix = f"the tensor holds less than one page: use at least {num(page)} bytes"
             out.append(
                 error(
                     Code.SIZE_NOT_PAGE_MULTIPLE,
                     _loc_tensor(i, "size"),
-                    f"size {t.size} is not a multiple of the {page}-byte page of {t.layers[0]}",
-                    f"use a multiple of {page}, e.g. {t.size // page * page}",
+                    f"size {num(t.size)} is not a multiple of the {num(page)}-byte page of "
+                    f"{t.layers[0]}",
+                    fix,
                 )
             )
         align = tensor_spec.block_stride_alignment_bytes()
-        if t.block_stride % align:
+        if align <= 0:
+            out.append(
+                error(
+                    Code.SCHEMA,
+                    _loc_tensor(i, "block_stride"),
+                    f"the spec of {t.layers[0]} asks block strides to be multiples of a kernel "
+                    f"page of {num(align)} bytes",
+                    "check block_stride_alignment, block_size and tokens_per_state",
+                )
+            )
+        elif t.block_stride % align:
             out.append(
                 error(
                     Code.MISALIGNED,
                     _loc_tensor(i, "block_stride"),
-                    f"block_stride {t.block_stride} is not a multiple of the spec's "
-                    f"block_stride_alignment ({align} bytes)",
-                    f"use a multiple of {align}",
+                    f"block_stride {num(t.block_stride)} is not a multiple of the spec's "
+                    f"block_stride_alignment ({num(align)} bytes)",
+                    f"use a multiple of {num(align)}",
                 )
             )
 
@@ -203,6 +232,7 @@ def _check_aliases(
 ) -> list[Diagnostic]:
     cfg = doc.kv_cache_config
     shared = doc.shared_kv_cache_layers
+    graph = analyse(shared)
     out: list[Diagnostic] = []
     for sharer, target in shared.items():
         loc = f"shared_kv_cache_layers.{sharer}"
@@ -220,30 +250,31 @@ def _check_aliases(
                     "a KV-sharing layer owns no tensor: remove it from kv_cache_tensors",
                 )
             )
-        if target in shared:
-            seen = [sharer, target]
-            node = target
-            while node in shared and shared[node] not in seen:
-                node = shared[node]
-                seen.append(node)
-            if node in shared:
+        if sharer in graph.on_cycle:
+            cycle = graph.cycles[graph.on_cycle[sharer]]
+            if cycle[0] == sharer:  # one diagnostic per cycle, at its first member
                 out.append(
                     error(
                         Code.ALIAS_CYCLE,
                         loc,
-                        "sharing map has a cycle: " + " -> ".join([*seen, shared[node]]),
-                        "point every sharer at a layer that owns its KV cache",
+                        f"sharing map has a cycle of {len(cycle)} layers: "
+                        + names(cycle, len(cycle)),
+                        "point every sharer of the cycle at a layer that owns its KV cache",
                     )
                 )
-            else:
-                out.append(
-                    error(
-                        Code.ALIAS_CHAIN,
-                        loc,
-                        f"target {target} itself shares {shared[target]}'s cache",
-                        f"point the layer at {node} directly",
-                    )
+            continue
+        if target in shared:
+            root = graph.root.get(sharer)
+            out.append(
+                error(
+                    Code.ALIAS_CHAIN,
+                    loc,
+                    f"target {target} itself shares {shared[target]}'s cache",
+                    f"point the layer at {root} directly"
+                    if root is not None
+                    else "the chain ends in a sharing cycle: break the cycle first",
                 )
+            )
             continue
         if target not in group_of and target not in tensor_of:
             out.append(

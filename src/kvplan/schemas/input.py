@@ -65,14 +65,16 @@ class KVCacheConfig(_Frozen):
     num_blocks: int = Field(gt=0)
     kv_cache_tensors: list[KVCacheTensor]
     kv_cache_groups: list[KVCacheGroupSpec]
-    prefix_cache_retention_interval: int | None = None
+    prefix_cache_retention_interval: int | None = Field(default=None, ge=0)
     kv_cache_layout: LayoutField | None = None
-    hash_block_size: int | None = None
-    cache_hit_alignment_tokens: int | None = None
-    hisparse_host_num_blocks: int | None = None
-    hisparse_host_block_stride: int | None = None
+    hash_block_size: int | None = Field(default=None, gt=0)
+    cache_hit_alignment_tokens: int | None = Field(default=None, gt=0)
+    hisparse_host_num_blocks: int | None = Field(
+        default=None, gt=0, description="blocks of host-resident HiSparse pools"
+    )
+    hisparse_host_block_stride: int | None = Field(default=None, gt=0)
     hisparse_shared_host_pool: bool = False
-    kv_tp_replicas: int = 1
+    kv_tp_replicas: int = Field(default=1, gt=0)
 
     def num_blocks_of(self, tensor: KVCacheTensor) -> int:
         """Blocks addressable in ``tensor``'s pool (HiSparse host pools have their own count)."""

@@ -242,7 +242,9 @@ class LegacyMambaSpec(LegacySpec):
     """0.24's ``MambaSpec``: states ``shapes``/``dtypes`` packed in one (padded) page."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
-    shapes: list[list[int]]
+    shapes: list[list[Annotated[int, Field(gt=0)]]] = Field(
+        min_length=1, description="state shapes; every dimension positive"
+    )
     dtypes: list[DType]
     page_size_padded: int | None = Field(default=None, gt=0)
     mamba_type: str = "MAMBA2"
@@ -292,7 +294,7 @@ class LegacyUniformTypeKVCacheSpecs(LegacySpec):
     """One group of same-type layers with per-layer specs (each layer its own tensor)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
-    kv_cache_specs: dict[str, LegacyLeafSpec]
+    kv_cache_specs: dict[str, LegacyLeafSpec] = Field(min_length=1)
 
     @property
     def page_size_bytes(self) -> int:

@@ -90,11 +90,11 @@ class Alias(_Frozen):
 
 
 class Summary(_Frozen):
-    tensor_backed_layers: int
-    aliased_layers: int
-    bytes_per_block: int = Field(description="pool bytes per block, all tensor-backed layers")
-    pool_bytes: int
-    alias_saved_bytes: int = Field(description="bytes the sharers would need without sharing")
+    tensor_backed_layers: int = Field(ge=0)
+    aliased_layers: int = Field(ge=0)
+    bytes_per_block: int = Field(ge=0, description="pool bytes per block, all tensor-backed layers")
+    pool_bytes: int = Field(ge=0)
+    alias_saved_bytes: int = Field(ge=0, description="bytes the sharers would need without sharing")
 
 
 class BindingPlan(_Frozen):

@@ -239,7 +239,7 @@ class AttentionSpec(_Spec):
 
     kind: Literal["AttentionSpec"] = "AttentionSpec"
     dcp_sharded: bool = True
-    max_tp_shards: int | None = None
+    max_tp_shards: int | None = Field(default=None, gt=0)
     num_kv_heads: int = Field(gt=0)
     head_size: int = Field(gt=0)
     dtype: DType
@@ -249,6 +249,17 @@ class AttentionSpec(_Spec):
     num_head_slots: int | None = Field(default=None, gt=0)
     state_content_bytes: int | None = Field(default=None, gt=0)
     tokens_per_state: FractionValue = Fraction(1)
+
+    @model_validator(mode="after")
+    def _positive_tokens_per_state(self) -> AttentionSpec:
+        if self.tokens_per_state <= 0:
+            raise ValueError(f"tokens_per_state must be positive, got {self.tokens_per_state}")
+        if self.tokens_per_state > self.block_size:
+            raise ValueError(
+                f"tokens_per_state {self.tokens_per_state} exceeds block_size {self.block_size}: "
+                "a block would hold no state"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -291,8 +302,8 @@ class AttentionSpec(_Spec):
 
 class FullAttentionSpec(AttentionSpec):
     kind: Literal["FullAttentionSpec"] = "FullAttentionSpec"  # type: ignore[assignment]
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
+    sliding_window: int | None = Field(default=None, gt=0)
+    attention_chunk_size: int | None = Field(default=None, gt=0)
     non_causal: bool = False
 
 
@@ -331,7 +342,7 @@ class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
 
     kind: Literal["MLAAttentionSpec"] = "MLAAttentionSpec"  # type: ignore[assignment]
     cache_dtype_str: str | None = None
-    topk_buffer_width: int | None = None
+    topk_buffer_width: int | None = Field(default=None, ge=0)
     alignment: int | None = Field(default=None, gt=0)
     model_version: str | None = None
     cache_role: SparseCacheRoleField = SparseCacheRole.SPARSE
@@ -385,23 +396,25 @@ class CrossAttentionSpec(AttentionSpec):
 
 class SinkFullAttentionSpec(FullAttentionSpec):
     kind: Literal["SinkFullAttentionSpec"] = "SinkFullAttentionSpec"  # type: ignore[assignment]
-    sink_len: int | None = None
+    sink_len: int | None = Field(default=None, ge=0)
 
 
 class MambaSpec(_Spec):
     """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
-    shapes: list[list[int]]
+    shapes: list[list[Annotated[int, Field(gt=0)]]] = Field(
+        min_length=1, description="state shapes; every dimension positive (no empty state)"
+    )
     dtypes: list[DType]
     page_size_padded: int | None = Field(default=None, gt=0)
     mamba_type: str = "MAMBA2"
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = Field(default=0, ge=0)
     num_prefill_checkpoint_blocks: int = Field(default=0, ge=0)
-    prefill_checkpoint_alignment: int | None = None
+    prefill_checkpoint_alignment: int | None = Field(default=None, gt=0)
     num_heads_: int = Field(default=1, alias="num_heads", gt=0)
-    tokens_per_state: int = -1
+    tokens_per_state: int = Field(default=-1, ge=-1, description="-1: one state per block")
     tp_replicated: bool = False
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -412,6 +425,8 @@ class MambaSpec(_Spec):
             raise ValueError(
                 f"shapes has {len(self.shapes)} entries but dtypes has {len(self.dtypes)}"
             )
+        if self.tokens_per_state == 0:
+            raise ValueError("tokens_per_state must be -1 (one state per block) or positive")
         return self
 
     @property
@@ -467,7 +482,9 @@ class UniformTypeKVCacheSpecs(_Spec):
     """One group of same-type layers with per-layer specs (block-outermost packing)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
-    kv_cache_specs: dict[str, LeafSpec]
+    kv_cache_specs: dict[str, LeafSpec] = Field(
+        min_length=1, description="one spec per layer; at least one"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from kvplan.planner._text import num, nums
 from kvplan.planner.legacy._resolve import Resolved, is_encoder_only
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
@@ -249,20 +250,23 @@ def _shape_problem(r: Resolved, name: str, spec: LegacyAttentionSpec) -> str | N
     if kernel <= 0 or spec.block_size % kernel:
         return f"kernel block size {kernel} does not divide block_size {spec.block_size}"
     if sorted(order) != list(range(len(shape))):
-        return f"stride_order {order} is not a permutation of the {len(shape)} dims of {shape}"
+        return (
+            f"stride_order {nums(order)} is not a permutation of the {len(shape)} dims of "
+            f"{nums(shape)}"
+        )
     tensor = r.doc.kv_cache_config.kv_cache_tensors[r.tensor_of[name]]
     blocks = tensor.size // (tensor.block_stride or spec.page_size_bytes)
     ratio = spec.block_size // kernel
     dim = info.block_dim if info.block_dim is not None else 0
     if dim >= len(shape) or shape[dim] != blocks * ratio:
         return (
-            f"kv_cache_shape {shape} has no {blocks * ratio} blocks at block_dim {dim} "
+            f"kv_cache_shape {nums(shape)} has no {num(blocks * ratio)} blocks at block_dim {dim} "
             f"({blocks} blocks x {ratio} kernel blocks)"
         )
     page = math.prod(shape) // shape[dim] * itemsize(spec.dtype) * ratio
     if page != spec.unpadded_page_size_bytes:
         return (
-            f"kv_cache_shape {shape} holds {page} B per block but the spec's page is "
+            f"kv_cache_shape {nums(shape)} holds {num(page)} B per block but the spec's page is "
             f"{spec.unpadded_page_size_bytes} B"
         )
     if spec.page_size_padded is not None and not tensor.block_stride and dim != 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvplan.planner._text import nums
 from kvplan.planner.legacy._binding import (
     Binding,
     aliases_of,
@@ -143,17 +144,17 @@ def _groups(r: Resolved, attention_type: str) -> list[_Group]:
         shape = list(info.kv_cache_shape)
         if attention_type == MLA:
             if len(shape) != 3 or info.block_dim != 0 or shape[1] != kernel:
-                raise _refuse(where, f"unsupported MLA kv cache shape {shape}")
+                raise _refuse(where, f"unsupported MLA kv cache shape {nums(shape)}")
             out.append(_Group(gid, spec, spec.block_size, kernel, 1, shape[2], True))
             continue
         if len(shape) != 5 or shape[2] != kernel or 2 not in shape[:2]:
-            raise _refuse(where, f"unsupported kv cache shape {shape}")
+            raise _refuse(where, f"unsupported kv cache shape {nums(shape)}")
         # kvcached reads (2, N, ...) as K/V-first whenever dim 0 is 2, with N = num_blocks
         bs_shape = list(shape)
         bs_shape[info.block_dim or 0] = r.num_blocks
         blocks_first = bs_shape[0] != 2
         if blocks_first != (info.block_dim == 0):
-            raise _refuse(where, f"would misread which dim of {shape} is num_blocks")
+            raise _refuse(where, f"would misread which dim of {nums(shape)} is num_blocks")
         out.append(_Group(gid, spec, spec.block_size, kernel, shape[3], shape[4], blocks_first))
     if not out:
         raise _refuse("kv_cache_config.kv_cache_groups", "the config has no attention group")
