@@ -309,6 +309,11 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         max_concurrency=kv_plan.max_concurrency,
         documents=documents,
         plans=plans,
+        notes=[
+            f"not built: the {tower} (it holds no KV cache; vLLM skips it when serving "
+            "the language model only)"
+            for tower in workers[0].dropped_towers
+        ],
     )
 
 
