@@ -71,6 +71,8 @@ class BuildOptions:
     hf_overrides: Mapping[str, Any] | None = None
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()
     """Layer indices or ``sliding_window`` left unquantized (mixed precision, padded pages)."""
+    trust_remote_code: bool = False
+    """Let transformers/vLLM run the model repository's own Python code (``auto_map``)."""
     language_model_only: bool = True
     """Skip vision/audio towers: they hold no KV cache (and may need extra packages)."""
 
@@ -86,6 +88,7 @@ class BuildOptions:
             "tensor_parallel_size": self.tp,
             "disable_hybrid_kv_cache_manager": self.disable_hybrid_kv_cache_manager,
             "language_model_only": self.language_model_only,
+            "trust_remote_code": self.trust_remote_code,
         }
         if self.kv_cache_dtype_skip_layers:
             args["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
