@@ -284,7 +284,7 @@ def skipped_towers_tolerated(dropped: list[str]) -> Iterator[None]:
                 reason = f"{type(exc).__name__}: {text[0] if text else ''}".strip(": ")
                 dropped.append(f"{type(self).__name__} {'/'.join(sorted(wanted))} tower: {reason}")
 
-    SupportsMultiModal._mark_tower_model = mark_tower_model  # type: ignore[method-assign,assignment]
+    SupportsMultiModal._mark_tower_model = mark_tower_model  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -87,7 +87,7 @@ def _moe_patches(platform_cls: type) -> list[tuple[Any, str, Any]]:
 
     def select_as_cuda(moe_config: Any) -> tuple[Any, Any]:
         try:
-            return select(moe_config)  # type: ignore[no-any-return]
+            return select(moe_config)
         except NotImplementedError:  # no CPU kernel for this layer
             backend = oracle.UnquantizedMoeBackend.TRITON
             return backend, oracle.backend_to_kernel_cls(backend)[0]
