@@ -1,7 +1,7 @@
 """``kvplan inspect`` on models whose non-KV layers only build on GPUs, and remote code.
 
-gemma-3n-E2B-it: its vision tower needs ``timm`` (and computes on meta tensors with it), its
-MLP computes a constant with ``.item()`` while it is built. Nemotron-3-Nano: its MoE layers
+gemma-3n-E2B-it: its vision tower needs ``timm``, its MLP computes a constant with ``.item()``
+while it is built. Nemotron-3-Nano: its MoE layers
 use a non-gated activation that the CPU platform refuses. Both must inspect, and their plans
 must equal what vLLM's own ``allocate_kv_cache`` binds. Hymba needs its repository's code.
 """

@@ -18,7 +18,7 @@ Everything runs inside :func:`~kvplan.integrations.vllm._emulation.cuda_platform
 Vision and audio towers are skipped (``language_model_only``): vLLM still runs a skipped
 tower's constructor, then replaces the tower with a placeholder that it never calls. When
 that constructor fails on this machine (a package it needs is missing, or it computes on
-its weights, e.g. ``.item()`` on a meta tensor), :func:`skipped_towers_tolerated` drops the
+meta tensors), :func:`skipped_towers_tolerated` drops the
 tower and records why, provided the tower registered no layer that owns a KV cache
 before failing (otherwise the build fails as vLLM's would).
 
