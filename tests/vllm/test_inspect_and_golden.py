@@ -149,11 +149,21 @@ def test_golden_inputs_record_how_they_were_made() -> None:
 def _catalog_ids() -> list[str]:
     from kvplan.catalog import entries
 
-    return [entry.model_id for entry in entries() if "gemma-3n" not in entry.model_id]
+    return [entry.model_id for entry in entries()]
 
 
-@pytest.mark.parametrize("layout", [None, "BLHNC"])
-@pytest.mark.parametrize("model", _catalog_ids())
+GEMMA4_MOE = "google/gemma-4-26B-A4B"
+
+
+@pytest.mark.parametrize(
+    ("model", "layout"),
+    [
+        (model, layout)
+        for model in _catalog_ids()
+        for layout in (None, "BLHNC")
+        if (model, layout) != (GEMMA4_MOE, "BLHNC")  # see the test below
+    ],
+)
 def test_full_size_catalog_models_match_vllm_on_meta(
     vllm_session: None, model: str, layout: str | None
 ) -> None:
@@ -167,14 +177,57 @@ def test_full_size_catalog_models_match_vllm_on_meta(
     assert result.layout == (layout or "LBNHC")
 
 
-def test_a_model_vllm_cannot_build_fails_cleanly(vllm_session: None) -> None:
+def test_gemma4_moe_blhnc_is_allocated_by_vllm_but_refused_by_the_planner(
+    vllm_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A known planner gap (KVP107), kept visible: flip this test when the planner is fixed.
+
+    With BLHNC, vLLM interleaves the layers that share a tensor inside each block (block
+    stride 327680 B, not a multiple of the 131072-byte page of layer 0); the planner requires
+    each tensor's size to be a multiple of every layer's page (KVP107). vLLM's own allocator
+    binds the config without complaint.
+    """
+    import kvplan
+    from kvplan.integrations.vllm.capture import to_vllm
+    from kvplan.integrations.vllm.fidelity import vllm_kv_caches
+    from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
+    from kvplan.schemas.errors import KVPlanError
+
+    documents = []
+    plan = kvplan.plan
+
+    def keep(document):  # type: ignore[no-untyped-def]
+        documents.append(document)
+        return plan(document)
+
+    monkeypatch.setattr(kvplan, "plan", keep)
+    with pytest.raises(KVPlanError) as caught:
+        inspect_model(GEMMA4_MOE, InspectOptions(layout="BLHNC"))
+    assert caught.value.code.value == "KVP107"
+    document = documents[0]
+    caches = vllm_kv_caches(
+        to_vllm(document, with_sharers=True),
+        "BLHNC",
+        document.kernel_block_sizes,
+        document.shared_kv_cache_layers,
+    )
+    assert len(caches) == 30
+
+
+def test_a_model_vllm_cannot_build_fails_cleanly(vllm_session: None, tmp_path: Path) -> None:
     from kvplan.integrations.vllm.inspect import inspect_model
     from kvplan.schemas.errors import KVPlanError
 
-    try:
-        result = inspect_model("google/gemma-3n-E2B-it")
-    except KVPlanError as exc:  # vLLM needs `timm` for the vision tower
-        assert exc.code.value == "KVP501"
-        assert "could not plan" in str(exc)
-    else:  # timm is installed here
-        assert len(result.plan.aliases) == 10
+    config = json.loads((REPO / "src/kvplan/catalog/Qwen__Qwen3-8B/config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KVPlanError) as caught:
+        inspect_model(str(tmp_path))
+    assert caught.value.code.value == "KVP501"
+    assert "could not plan" in str(caught.value)
+
+
+def test_every_catalog_model_has_a_golden_plan() -> None:
+    from kvplan.catalog import entries
+
+    assert {entry.slug for entry in entries()} <= {path.name for path in GOLDEN.iterdir()}

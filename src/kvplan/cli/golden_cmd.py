@@ -250,6 +250,7 @@ def register(app: typer.Typer) -> None:
         tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
         layout: Annotated[str | None, typer.Option("--layout")] = None,
         no_hybrid: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
+        trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     ) -> None:
         """Inspect MODEL and store its input and plan as DIR/<name>/{input,plan}.json."""
         from kvplan.cli.inspect_cmd import parse_size
@@ -266,6 +267,7 @@ def register(app: typer.Typer) -> None:
             tp=tp,
             layout=layout,
             disable_hybrid_kv_cache_manager=no_hybrid,
+            trust_remote_code=trust_remote_code,
         )
         try:
             result = inspect_model(model, options)

@@ -269,6 +269,13 @@ def register(app: typer.Typer) -> None:
         attention_backend: Annotated[
             str | None, typer.Option("--attention-backend", help="vLLM backend name")
         ] = None,
+        trust_remote_code: Annotated[
+            bool,
+            typer.Option(
+                "--trust-remote-code",
+                help="as vLLM's flag: run the model repository's own code (config auto_map)",
+            ),
+        ] = False,
         as_json: Annotated[
             bool, typer.Option("--json", help="print the input document and plan as JSON")
         ] = False,
@@ -309,6 +316,7 @@ def register(app: typer.Typer) -> None:
             disable_hybrid_kv_cache_manager=no_hybrid,
             attention_backend=attention_backend,
             reserve_weights=reserve_weights,
+            trust_remote_code=trust_remote_code,
         )
         try:
             result = run_inspect(model, options, quiet=not verbose)

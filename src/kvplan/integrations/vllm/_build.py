@@ -14,6 +14,18 @@ The steps are vLLM's own, in vLLM's order:
    KV-sharing append, and ``prepare_kernel_block_sizes`` over the runner's attention groups.
 
 Everything runs inside :func:`~kvplan.integrations.vllm._emulation.cuda_platform`.
+
+Vision and audio towers are skipped (``language_model_only``): vLLM still runs a skipped
+tower's constructor, then replaces the tower with a placeholder that it never calls. When
+that constructor fails on this machine (a package it needs is missing, or it computes on
+meta tensors), :func:`skipped_towers_tolerated` drops the
+tower and records why, provided the tower registered no layer that owns a KV cache
+before failing (otherwise the build fails as vLLM's would).
+
+Some layers compute a constant from the config while they are built (Gemma 3n's sparse GELU:
+``torch.tensor(0.95)`` then ``.item()``). On a GPU that tensor is real; on the ``meta``
+device it has no value. :func:`scalar_constants_on_cpu` makes tensors built from one Python
+number on the CPU (a 0-dim tensor mixes with tensors of any device); weights stay on meta.
 """
 
 from __future__ import annotations
@@ -25,7 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +71,8 @@ class BuildOptions:
     hf_overrides: Mapping[str, Any] | None = None
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()
     """Layer indices or ``sliding_window`` left unquantized (mixed precision, padded pages)."""
+    trust_remote_code: bool = False
+    """Let transformers/vLLM run the model repository's own Python code (``auto_map``)."""
     language_model_only: bool = True
     """Skip vision/audio towers: they hold no KV cache (and may need extra packages)."""
 
@@ -73,6 +88,7 @@ class BuildOptions:
             "tensor_parallel_size": self.tp,
             "disable_hybrid_kv_cache_manager": self.disable_hybrid_kv_cache_manager,
             "language_model_only": self.language_model_only,
+            "trust_remote_code": self.trust_remote_code,
         }
         if self.kv_cache_dtype_skip_layers:
             args["kv_cache_dtype_skip_layers"] = list(self.kv_cache_dtype_skip_layers)
@@ -102,6 +118,8 @@ class WorkerSpecs:
     architecture: str = ""
     num_layers: int = 0
     cache_config: Any = field(default=None, repr=False)
+    dropped_towers: list[str] = field(default_factory=list)
+    """Skipped towers whose constructor failed here, with the reason (no KV cache)."""
 
 
 def make_vllm_config(options: BuildOptions) -> VllmConfig:
@@ -162,7 +180,14 @@ def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
 
     # As BaseModelLoader.load_model does, with the meta device as the target.
     dtype: torch.dtype = vllm_config.model_config.dtype  # type: ignore[assignment]  # resolved
-    with set_current_vllm_config(vllm_config), set_default_torch_dtype(dtype), torch.device("meta"):
+    dropped: list[str] = []
+    with (
+        set_current_vllm_config(vllm_config),
+        set_default_torch_dtype(dtype),
+        torch.device("meta"),
+        scalar_constants_on_cpu(),
+        skipped_towers_tolerated(dropped),
+    ):
         model = initialize_model(vllm_config=vllm_config)
     with set_current_vllm_config(vllm_config):
         # What the executor does after load_model (uniproc_executor.py, multiproc_executor.py).
@@ -184,7 +209,86 @@ def build_worker_specs(vllm_config: VllmConfig, rank: int = 0) -> WorkerSpecs:
         architecture=type(model).__name__,
         num_layers=len(layers),
         cache_config=copy.deepcopy(vllm_config.cache_config),
+        dropped_towers=dropped,
     )
+
+
+@contextmanager
+def scalar_constants_on_cpu() -> Iterator[None]:
+    """Within this block, ``torch.tensor(<number>)`` with no device is made on the CPU."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class ScalarConstantsOnCPU(TorchFunctionMode):
+        def __torch_function__(
+            self,
+            func: Any,
+            types: Any,
+            args: Sequence[Any] = (),
+            kwargs: Mapping[str, Any] | None = None,
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            if (
+                func is torch.tensor
+                and kwargs.get("device") is None
+                and len(args) == 1
+                and isinstance(args[0], bool | int | float)
+            ):
+                kwargs["device"] = "cpu"
+            return func(*args, **kwargs)
+
+    with ScalarConstantsOnCPU():
+        yield
+
+
+def _kv_layers(vllm_config: VllmConfig) -> set[str]:
+    """Names of the layers registered so far that may own a KV cache."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    context = vllm_config.compilation_config.static_forward_context
+    return {name for name, layer in context.items() if isinstance(layer, AttentionLayerBase)}
+
+
+@contextmanager
+def skipped_towers_tolerated(dropped: list[str]) -> Iterator[None]:
+    """Within this block, a skipped tower whose constructor fails is dropped (see module doc).
+
+    ``dropped`` receives one line per dropped tower. A tower that is not skipped, or that
+    registered an attention layer before failing, fails the build as before.
+    """
+    from vllm.config import get_current_vllm_config
+    from vllm.model_executor.models.interfaces import SupportsMultiModal
+
+    original = SupportsMultiModal.__dict__["_mark_tower_model"]
+
+    @contextmanager
+    def mark_tower_model(
+        self: Any, vllm_config: VllmConfig, modalities: set[str] | str, **kwargs: Any
+    ) -> Iterator[None]:
+        wanted = {modalities} if isinstance(modalities, str) else set(modalities)
+        mm_config = vllm_config.model_config.get_multimodal_config()
+        # vLLM's own test for replacing the tower by a placeholder.
+        skipped = all(mm_config.get_limit_per_prompt(m) == 0 for m in wanted)
+        before = _kv_layers(get_current_vllm_config())
+        with original(self, vllm_config, modalities, **kwargs):
+            if not skipped:
+                yield
+                return
+            try:
+                yield
+            except Exception as exc:
+                registered = _kv_layers(get_current_vllm_config()) - before
+                if registered:
+                    raise
+                text = str(exc).strip().splitlines()
+                reason = f"{type(exc).__name__}: {text[0] if text else ''}".strip(": ")
+                dropped.append(f"{type(self).__name__} {'/'.join(sorted(wanted))} tower: {reason}")
+
+    SupportsMultiModal._mark_tower_model = mark_tower_model  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SupportsMultiModal._mark_tower_model = original  # type: ignore[method-assign]
 
 
 def _rank_main(options: BuildOptions, rank: int, init_method: str) -> WorkerSpecs:

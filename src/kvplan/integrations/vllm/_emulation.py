@@ -12,6 +12,16 @@ swapped for the CUDA behaviour inside :func:`cuda_platform`:
 * ``check_and_update_config``: the CPU one forces MLA ``block_size=16``, a float32 SSM
   state and the ``SD`` conv-state layout; the CUDA one changes none of these;
 * ``update_block_size_for_backend``: the CUDA platform uses the base ``Platform`` rule.
+
+Layers that hold no KV cache are built too (the model is vLLM's, whole), and some of them ask
+the platform which kernels exist. Those questions are answered as CUDA would, only where the
+CPU platform refuses, and only for kernels that never touch the KV cache:
+
+* MoE layers (``FusedMoEConfig``): a non-gated activation (``relu2``, Nemotron-3) is refused
+  off CUDA/ROCm/XPU; the check runs with ``is_cuda_alike()`` true;
+* the unquantized MoE kernel: when no CPU backend supports the layer, the Triton experts
+  (a backend CUDA offers for every unquantized MoE) are chosen. Expert weights have the
+  same shapes whichever backend runs them.
 """
 
 from __future__ import annotations
@@ -54,6 +64,40 @@ def _cuda_check_and_update_config(vllm_config: Any) -> None:
         scheduler_config.disable_chunked_mm_input = True
 
 
+def _moe_patches(platform_cls: type) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for the MoE layers' kernel questions."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+
+    post_init = FusedMoEConfig.__dict__["__post_init__"]
+    select = method.select_unquantized_moe_backend
+
+    def post_init_as_cuda(self: Any) -> None:
+        # Only the kernel-support checks ask the platform here.
+        saved = platform_cls.__dict__.get("is_cuda_alike")
+        platform_cls.is_cuda_alike = lambda _self: True  # type: ignore[attr-defined]
+        try:
+            post_init(self)
+        finally:
+            if saved is None:
+                delattr(platform_cls, "is_cuda_alike")
+            else:
+                platform_cls.is_cuda_alike = saved  # type: ignore[attr-defined]
+
+    def select_as_cuda(moe_config: Any) -> tuple[Any, Any]:
+        try:
+            return select(moe_config)
+        except NotImplementedError:  # no CPU kernel for this layer
+            backend = oracle.UnquantizedMoeBackend.TRITON
+            return backend, oracle.backend_to_kernel_cls(backend)[0]
+
+    return [
+        (FusedMoEConfig, "__post_init__", post_init_as_cuda),
+        (method, "select_unquantized_moe_backend", select_as_cuda),
+    ]
+
+
 @contextmanager
 def cuda_platform() -> Iterator[None]:
     """Within this block the current (CPU) platform answers as CUDA would for KV planning."""
@@ -93,14 +137,20 @@ def cuda_platform() -> Iterator[None]:
         "update_block_size_for_backend": classmethod(update_block_size_for_backend),
     }
     saved = {name: platform_cls.__dict__.get(name) for name in patches}
+    others = _moe_patches(platform_cls)
+    saved_others = [(owner, name, owner.__dict__[name]) for owner, name, _ in others]
     conv_layout = os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT")
     for name, value in patches.items():
         setattr(platform_cls, name, value)
+    for owner, name, value in others:
+        setattr(owner, name, value)
     os.environ.pop("VLLM_SSM_CONV_STATE_LAYOUT", None)
     selector._cached_get_attn_backend.cache_clear()  # selections are cached per process
     try:
         yield
     finally:
+        for owner, name, value in saved_others:
+            setattr(owner, name, value)
         selector._cached_get_attn_backend.cache_clear()
         for name, value in saved.items():
             if value is None:

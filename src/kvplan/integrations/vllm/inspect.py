@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -42,6 +43,8 @@ class InspectOptions:
     reserve_weights: bool = False
     ignore_weight_quantization: bool = False
     """Build without the checkpoint's weight quantization (it does not change the KV cache)."""
+    trust_remote_code: bool = False
+    """vLLM's ``--trust-remote-code``: run the model repository's own Python code."""
 
     def to_metadata(self) -> dict[str, Any]:
         """The options as JSON data, defaults omitted."""
@@ -100,7 +103,7 @@ def resolve_model(model: str) -> ResolvedModel:
 
 
 def _from_hub(model_id: str) -> Path:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+    offline = _offline()
     hint = "pass a local directory, a config.json, or a catalog name (`kvplan inspect --list`)."
     if model_id.count("/") != 1:
         raise KVPlanError(
@@ -182,6 +185,10 @@ def inspect_model(
     say = progress or _quiet_progress
     start = time.perf_counter()
     resolved = resolve_model(model)
+    if options.trust_remote_code:
+        check_remote_code(resolved)
+    elif needs_remote_code(resolved.path):
+        raise _remote_code_required(resolved)
     notes: list[str] = []
     try:
         result = _inspect(resolved, options, say)
@@ -222,8 +229,121 @@ def _quantized(path: Path) -> bool:
     return "quantization_config" in config or "quantization_config" in text_config
 
 
+REMOTE_CODE_KEYS = ("AutoConfig", "AutoModel")
+"""``auto_map`` entries a build needs (the tokenizer is never loaded)."""
+
+
+def remote_code_files(config: Mapping[str, Any]) -> list[str]:
+    """The Python files of the model repository that ``auto_map`` names for a build."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict):
+        return []
+    files: list[str] = []
+    for key, value in auto_map.items():
+        if not str(key).startswith(REMOTE_CODE_KEYS):
+            continue
+        for reference in value if isinstance(value, list) else [value]:
+            if not isinstance(reference, str) or "." not in reference:
+                continue
+            module = reference.split("--")[-1].rsplit(".", 1)[0]
+            name = module.replace(".", "/") + ".py"
+            if name not in files:
+                files.append(name)
+    return files
+
+
+def needs_remote_code(path: Path) -> bool:
+    """Whether loading the config needs the repository's code (as transformers decides).
+
+    ``auto_map`` names an ``AutoConfig`` and neither transformers nor vLLM knows the
+    ``model_type``.
+    """
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict) or "AutoConfig" not in auto_map:
+        return False
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+    model_type = config.get("model_type")
+    return model_type not in CONFIG_MAPPING and model_type not in _CONFIG_REGISTRY
+
+
+def _remote_code_required(resolved: ResolvedModel) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.REMOTE_CODE_REQUIRED,
+            resolved.name,
+            "the model's config or model class is custom code from its repository "
+            "(config.json `auto_map`), which vLLM runs only when trusted.",
+            "pass --trust-remote-code if you trust that repository's code.",
+        )
+    )
+
+
+def check_remote_code(resolved: ResolvedModel) -> None:
+    """With ``--trust-remote-code``: the repository's code must be next to ``config.json``.
+
+    For a Hugging Face id (not offline) the files are fetched with ``huggingface_hub``;
+    a local directory or a catalog model must already hold them.
+    """
+    try:
+        config = json.loads((resolved.path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # vLLM reports an unreadable config itself
+    missing = [name for name in remote_code_files(config) if not (resolved.path / name).is_file()]
+    if missing and resolved.source == "huggingface-cache" and not _offline():
+        missing = _fetch_remote_code(resolved.name, missing)
+    if missing:
+        raise _remote_code_unavailable(resolved, missing)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+def _fetch_remote_code(model_id: str, names: list[str]) -> list[str]:
+    """Download ``names`` from the model repository; return those that could not be."""
+    from huggingface_hub import hf_hub_download
+
+    missing = []
+    for name in names:
+        try:
+            hf_hub_download(model_id, name)
+        except Exception:
+            missing.append(name)
+    return missing
+
+
+def _remote_code_unavailable(resolved: ResolvedModel, missing: list[str]) -> KVPlanError:
+    where = {
+        "catalog": "the bundled catalog holds only config.json",
+        "local": "the directory holds no such file",
+        "huggingface-cache": "not in the Hugging Face cache"
+        + (" and HF_HUB_OFFLINE is set" if _offline() else " and it could not be fetched"),
+    }[resolved.source]
+    return KVPlanError(
+        error(
+            Code.REMOTE_CODE_UNAVAILABLE,
+            resolved.name,
+            f"--trust-remote-code needs the model repository's code, {', '.join(missing)}, "
+            f"next to config.json ({where}).",
+            "copy the repository's .py files into the model directory (or allow Hugging Face "
+            "Hub access for a model id) and pass that directory.",
+        )
+    )
+
+
 def _build_error(resolved: ResolvedModel, exc: BaseException) -> KVPlanError:
     message = str(exc).strip() or type(exc).__name__
+    if "trust_remote_code" in message:  # a case needs_remote_code did not foresee
+        return _remote_code_required(resolved)
+    if isinstance(exc, OSError) and "does not appear to have a file named" in message:
+        file = re.search(r"file named (\S+?)\.? ", message)
+        return _remote_code_unavailable(resolved, [file.group(1) if file else "its .py files"])
     lines = [line for line in message.splitlines() if line.strip()]
     hint = ""
     if "max seq len" in message or "max_model_len" in message:
@@ -264,6 +384,7 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         disable_hybrid_kv_cache_manager=options.disable_hybrid_kv_cache_manager,
         attention_backend=options.attention_backend,
         hf_overrides={"quantization_config": None} if options.ignore_weight_quantization else None,
+        trust_remote_code=options.trust_remote_code,
     )
     with cuda_platform():
         say("reading the model config with vLLM")
@@ -309,6 +430,11 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         max_concurrency=kv_plan.max_concurrency,
         documents=documents,
         plans=plans,
+        notes=[
+            f"not built: the {tower} (it holds no KV cache; vLLM skips it when serving "
+            "the language model only)"
+            for tower in workers[0].dropped_towers
+        ],
     )
 
 
