@@ -161,7 +161,6 @@ GEMMA4_MOE = "google/gemma-4-26B-A4B"
         (model, layout)
         for model in _catalog_ids()
         for layout in (None, "BLHNC")
-        if (model, layout) != (GEMMA4_MOE, "BLHNC")  # see the test below
     ],
 )
 def test_full_size_catalog_models_match_vllm_on_meta(
@@ -177,41 +176,17 @@ def test_full_size_catalog_models_match_vllm_on_meta(
     assert result.layout == (layout or "LBNHC")
 
 
-def test_gemma4_moe_blhnc_is_allocated_by_vllm_but_refused_by_the_planner(
-    vllm_session: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A known planner gap (KVP107), kept visible: flip this test when the planner is fixed.
-
-    With BLHNC, vLLM interleaves the layers that share a tensor inside each block (block
-    stride 327680 B, not a multiple of the 131072-byte page of layer 0); the planner requires
-    each tensor's size to be a multiple of every layer's page (KVP107). vLLM's own allocator
-    binds the config without complaint.
-    """
-    import kvplan
-    from kvplan.integrations.vllm.capture import to_vllm
-    from kvplan.integrations.vllm.fidelity import vllm_kv_caches
+def test_gemma4_moe_blhnc_block_stride_is_not_a_page_multiple(vllm_session: None) -> None:
+    """With BLHNC, vLLM interleaves the layers that share a tensor inside each block: the block
+    stride (327,680 B) is no multiple of layer 0's 131,072-byte page, and the tensor is a whole
+    number of blocks. The planner once demanded page multiples here (KVP107)."""
+    from kvplan.cli.inspect_cmd import verify_result
     from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
-    from kvplan.schemas.errors import KVPlanError
 
-    documents = []
-    plan = kvplan.plan
-
-    def keep(document):  # type: ignore[no-untyped-def]
-        documents.append(document)
-        return plan(document)
-
-    monkeypatch.setattr(kvplan, "plan", keep)
-    with pytest.raises(KVPlanError) as caught:
-        inspect_model(GEMMA4_MOE, InspectOptions(layout="BLHNC"))
-    assert caught.value.code.value == "KVP107"
-    document = documents[0]
-    caches = vllm_kv_caches(
-        to_vllm(document, with_sharers=True),
-        "BLHNC",
-        document.kernel_block_sizes,
-        document.shared_kv_cache_layers,
-    )
-    assert len(caches) == 30
+    result = inspect_model(GEMMA4_MOE, InspectOptions(layout="BLHNC"))
+    assert verify_result(result) == []
+    strides = {t.block_stride for t in result.document.kv_cache_config.kv_cache_tensors}
+    assert 327_680 in strides and 327_680 % 131_072
 
 
 def test_a_model_vllm_cannot_build_fails_cleanly(vllm_session: None, tmp_path: Path) -> None:

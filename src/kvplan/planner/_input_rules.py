@@ -155,18 +155,27 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
                 )
             )
             continue
-        if t.size % page:
-            below = t.size // page * page
+        # Whole blocks: vLLM sizes a tensor as blocks x block stride. The stride is the page
+        # when a layer's blocks are contiguous; block-outermost layouts interleave the layers
+        # of a tensor inside each block, so there it is the sum of their pages (which need
+        # not be a multiple of any one page: gemma-4-26B-A4B in BLHNC).
+        unit = t.block_stride if t.block_stride > page else page
+        what = (
+            f"the {num(unit)}-byte block stride"
+            if unit != page
+            else f"the {num(page)}-byte page of {t.layers[0]}"
+        )
+        if t.size % unit:
+            below = t.size // unit * unit
             if below:
-                fix = f"use a multiple of {num(page)}, e.g. {num(below)} or {num(below + page)}"
+                fix = f"use a multiple of {num(unit)}, e.g. {num(below)} or {num(below + unit)}"
             else:
-                fix = f"the tensor holds less than one page: use at least {num(page)} bytes"
+                fix = f"the tensor holds less than one block: use at least {num(unit)} bytes"
             out.append(
                 error(
                     Code.SIZE_NOT_PAGE_MULTIPLE,
                     _loc_tensor(i, "size"),
-                    f"size {num(t.size)} is not a multiple of the {num(page)}-byte page of "
-                    f"{t.layers[0]}",
+                    f"size {num(t.size)} is not a multiple of {what}",
                     fix,
                 )
             )
