@@ -16,7 +16,8 @@ unbuilt: ``pip download --no-deps --no-binary :all: --no-build-isolation kvcache
 where ``DIR`` holds the ``kvcached`` package. The vLLM 0.24.0 wheel may be unpacked with
 ``pip install --no-deps --target SITE`` and put first on ``PYTHONPATH`` next to a newer torch:
 the V1 runner's allocation/reshape path and the attention backends' ``get_kv_cache_shape`` are
-pure Python (``vllm._C`` is not needed on the CPU).
+pure Python (``vllm._C`` is not needed on the CPU). The committed data was made that way, with
+torch 2.14 instead of the 2.11 vLLM 0.24 pins (each record names its torch version).
 
 For each ``tests/data/legacy/*.json`` fixture and each kvcached layout (non-contiguous,
 contiguous) the script:
