@@ -2,7 +2,8 @@
 non-contiguous pool per tensor-backed layer, bound sequentially; sharers alias their target.
 
 Expected geometry is written out by hand from each fixture's page geometry (see the comments),
-not computed by the code under test; ``kvcached_emulation`` cross-checks it with torch ops.
+not computed by the code under test, and checked against kvcached 0.1.6's own code as recorded in
+``tests/data/kvcached`` (its v0.8 binding and its V1 views, see ``test_kvcached_real``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from kvplan.planner.legacy import build_legacy_plan, kvcached_geometry, plan_leg
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.plan import BindingPlan
-from tests.legacy import kvcached_emulation as emu
-from tests.legacy.helpers import ROOT, load
+from tests.legacy.helpers import ROOT, load, recorded
+from tests.legacy.kvcached_real import geometry, layout_of, plan_views, recording
 
 MiB = 1 << 20
 GEMMA_LAYER = "language_model.model.layers.{}.self_attn.attn".format
@@ -163,27 +164,73 @@ def test_single_group_fixtures(name: str) -> None:
     assert plan.aliases == []
 
 
-@pytest.mark.parametrize("name", ["gemma-4-e2b", *OTHERS])
-def test_views_equal_the_kvcached_model(name: str) -> None:
-    """Each pool is one of kvcached's non-contiguous per-layer tensors (torch-built views)."""
-    doc = gemma() if name == "gemma-4-e2b" else load(name)
-    plan = per_layer(doc)
-    pools = len(plan.pools)
-    device = pools * plan.pools[0].size_bytes  # kvcached sizes each pool as device // L
-    expected: dict[int, emu.Geometry] = {}
-    for info in doc.attn_groups:
-        spec = doc.kv_cache_config.kv_cache_groups[info.kv_cache_group_id].kv_cache_spec
-        assert info.kv_cache_shape is not None and info.block_dim is not None
-        shape = list(info.kv_cache_shape)
-        shape[info.block_dim] = doc.kv_cache_config.num_blocks
-        shape[1 if len(shape) == 3 else 2] = spec.block_size
-        kbs = (doc.kernel_block_sizes or [])[info.kv_cache_group_id]
-        dtype = getattr(torch, spec.dtype)  # type: ignore[attr-defined]
-        kind = "MLA" if len(shape) == 3 else "MHA"
-        a = emu.alloc(tuple(shape), spec.block_size, dtype, pools, kind, device, False, kbs)
-        expected[info.kv_cache_group_id] = a.views[0]
-    for v in plan.views:
-        assert emu.Geometry(v.shape, v.stride, v.offset_bytes) == expected[v.group], v.layer
+# -- against kvcached 0.1.6's own code (tests/data/kvcached, see test_kvcached_real) ---------
+
+# kvcached's v0.8 binding (patch_initialize_kv_cache) run on these models: one pool per layer,
+# group 0's geometry for every layer, no kernel block size, no sharing
+V08_EXACT = ["llama-3.1-8b", "deepseek-v2-lite-mla", "gemma-3-1b"]
+
+
+def _per_layer_as_kvcached_sized(name: str, pools: int, capacity: int) -> BindingPlan:
+    """``name`` planned per-layer with ``pools`` pools of ``capacity`` bytes reserved each."""
+    doc = load(name).model_copy(update={"scheduler_num_layers": pools})
+    plan, problems = build_legacy_plan(
+        doc, strategy="kvcached", pool_layout="per-layer", virtual_capacity_bytes=capacity
+    )
+    assert plan is not None, problems
+    return plan
+
+
+@pytest.mark.parametrize("name", V08_EXACT)
+def test_equals_kvcached_v08_binding(name: str) -> None:
+    """Homogeneous, unsplit models: per-layer is exactly what kvcached's v0.8 path binds."""
+    worker = layout_of(name, "per-layer")["worker"]
+    pools = worker["create_kv_tensors"]["num_layers"]
+    device = recording(name)["device_total_memory"]
+    plan = _per_layer_as_kvcached_sized(name, pools, device // pools)
+    assert plan_views(plan) == worker["views"] and len(plan.views) == pools
+    assert [p.size_bytes for p in plan.pools] == worker["pools"]
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b", *V08_EXACT, "deepseek-v2-lite-mla-bs128"])
+def test_views_are_kvcached_v1_views_one_pool_each(name: str) -> None:
+    """The corrected form: each layer gets the very view kvcached's V1 path (non-contiguous)
+    builds for its group, over a pool of its own of the same size."""
+    v1 = layout_of(name, "noncontiguous")
+    pools = v1["scheduler"]["num_layers"]
+    device = recording(name)["device_total_memory"]
+    doc = load(name)
+    backed = [n for g in doc.kv_cache_config.kv_cache_groups for n in g.layer_names]
+    backed = [n for n in backed if n not in set(doc.runner_only_attn_layers)]
+    plan = _per_layer_as_kvcached_sized(name, len(backed), device // pools)
+    assert [p.size_bytes for p in plan.pools] == [v1["worker"]["pools"][0]] * len(backed)
+    expected = v1["worker"]["views"]
+    assert [v.layer for v in plan.views] == backed
+    for i, view in enumerate(plan.views):
+        assert view.pool == f"kv_{i}" and view.offset_bytes == 0
+        assert geometry(view) == {k: v for k, v in expected[view.layer].items() if k != "pool"}
+    sharers = {k: v["alias_of"] for k, v in expected.items() if "alias_of" in v}
+    assert {a.layer: [a.target] for a in plan.aliases} == sharers
+
+
+def test_kvcached_v08_binding_is_wrong_where_per_layer_differs() -> None:
+    """Where kvplan's per-layer departs from kvcached's v0.8 binding, v0.8 disagrees with what
+    vLLM 0.24's runner hands the attention backend (``metadata.vllm_0_24_views``)."""
+    # gemma-4-E2B: group 0's sliding geometry (32 tok x 1 x 256) for the full layers too
+    v08 = layout_of("gemma-4-e2b", "per-layer")["worker"]["views"]
+    vllm = recorded("gemma-4-e2b")
+    full = GEMMA_LAYER(4)
+    assert v08[full]["shape"][2:] == [32, 1, 256] != vllm[full]["shape"][2:] == [16, 1, 512]
+    assert not set(v08) & set(load("gemma-4-e2b").shared_kv_cache_layers)  # no sharers bound
+    # --block-size 128 on FlashMLA's 64-token kernel blocks: v0.8 views whole blocks
+    v08 = layout_of("deepseek-v2-lite-mla-bs128", "per-layer")["worker"]["views"]
+    layer = next(iter(v08))
+    assert (
+        v08[layer]["shape"][1] == 128 != recorded("deepseek-v2-lite-mla-bs128")[layer]["shape"][1]
+    )
+    # attention+Mamba: v0.8 never handled it (kvplan refuses, test_mamba_is_refused_...)
+    error = layout_of("jamba-v0.1-hybrid", "per-layer")["worker"]["error"]
+    assert error.startswith("AttributeError") and "MambaSpec" in error
 
 
 def test_mamba_is_refused_with_the_reason() -> None:
