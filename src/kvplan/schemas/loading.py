@@ -304,8 +304,12 @@ class _Constructor(yaml.constructor.SafeConstructor):
         return value
 
 
-_Constructor.add_constructor("tag:yaml.org,2002:int", _Constructor.construct_yaml_int)
-_Constructor.add_constructor("tag:yaml.org,2002:float", _Constructor.construct_yaml_float)
+_Constructor.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:int", _Constructor.construct_yaml_int
+)
+_Constructor.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:float", _Constructor.construct_yaml_float
+)
 
 _EventLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -353,6 +357,8 @@ def _compose_yaml(text: str, name: str) -> Any:
             parent.value.append(node)
 
     for event in yaml.parse(text, Loader=_EventLoader):
+        start: Any = event.start_mark  # libyaml's marks serve as well as PyYAML's
+        end: Any = event.end_mark
         if isinstance(event, yaml.DocumentStartEvent):
             documents += 1
             if documents > 1:
@@ -363,7 +369,7 @@ def _compose_yaml(text: str, name: str) -> Any:
                     "keep one document per file",
                 )
         elif isinstance(event, yaml.AliasEvent):
-            anchor = event.anchor
+            anchor = str(event.anchor)
             if anchor in open_anchors:
                 _fail(
                     Code.ALIAS_EXPANSION,
@@ -386,9 +392,7 @@ def _compose_yaml(text: str, name: str) -> Any:
             tag = event.tag
             if tag is None or tag == "!":
                 tag = resolver.resolve(yaml.ScalarNode, event.value, event.implicit)
-            node = yaml.ScalarNode(
-                tag, event.value, event.start_mark, event.end_mark, style=event.style
-            )
+            node = yaml.ScalarNode(tag, event.value, start, end, style=event.style)
             count(1, event)
             if event.anchor is not None:
                 anchors[event.anchor] = node
@@ -407,7 +411,7 @@ def _compose_yaml(text: str, name: str) -> Any:
             tag = event.tag
             if tag is None or tag == "!":
                 tag = resolver.resolve(kind, None, event.implicit)
-            node = kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
+            node = kind(tag, [], start, None, flow_style=event.flow_style)
             before = total
             count(1, event)
             if event.anchor is not None:
@@ -416,10 +420,10 @@ def _compose_yaml(text: str, name: str) -> Any:
             attach(node)
             stack.append((node, event.anchor, before))
         elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-            node, anchor, before = stack.pop()
-            node.end_mark = event.end_mark
-            if anchor is not None:
-                open_anchors.discard(anchor)
+            node, closed, before = stack.pop()
+            node.end_mark = end
+            if closed is not None:
+                open_anchors.discard(closed)
                 sizes[id(node)] = total - before
     return root
 
@@ -436,6 +440,13 @@ def _parse_yaml(text: str, name: str) -> Any:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
+        if "nesting depth" in problem:  # libyaml's own limit, met while scanning ahead
+            _fail(
+                Code.TOO_DEEP,
+                name,
+                f"nesting too deep{where}.",
+                "kvplan documents are a few levels deep; flatten the data",
+            )
         _fail(Code.MALFORMED, name, f"not valid YAML: {problem}{where}", "fix the syntax")
 
 
@@ -460,7 +471,7 @@ def _document_loc(data: Any, loc: tuple[int | str, ...], kind: str) -> tuple[int
             isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current)
         ):
             out.append(part)
-            current = current[part]  # type: ignore[index]
+            current = current[part]
         elif index == len(loc) - 1 and kind == "missing" and isinstance(current, dict):
             out.append(part)
     return tuple(out)
