@@ -655,7 +655,9 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise _output_error(
             name, f"the directory {printable(str(parent))} does not exist.", "create it first"
         )
-    if target.exists() and not os.access(target, os.W_OK):
+    if target.exists() and (
+        not target.stat().st_mode & 0o222 or not os.access(target, os.W_OK)
+    ):  # read-only by its mode bits: refused even for root, who could write it
         raise _output_error(
             name, "the file is read-only.", "make it writable (chmod u+w) or write elsewhere"
         )
