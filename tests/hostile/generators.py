@@ -97,8 +97,15 @@ def generate(per_source: int = 3, seed: int = SEED) -> list[Case]:
         for n in range(per_source):
             tag = f"{model}-{kind}-{n}"
 
-            def add(family: str, data: bytes, expect: str, code: str | None = None,
-                    suffix: str = ".json", tag: str = tag) -> None:
+            def add(
+                family: str,
+                data: bytes,
+                expect: str,
+                code: str | None = None,
+                suffix: str = ".json",
+                tag: str = tag,
+                kind: str = kind,
+            ) -> None:
                 cases.append(Case(family, f"{family}-{tag}", suffix, data, expect, code, kind))
 
             # deletions: a key may be optional, so the outcome is only "decided"
