@@ -634,8 +634,24 @@ def dumps(obj: BaseModel, *, yaml_format: bool = False) -> str:
     return to_yaml(obj) if yaml_format else to_json(obj)
 
 
-def _output_error(name: str, message: str, hint: str) -> KVPlanError:
-    return KVPlanError(error(Code.OUTPUT_FAILED, name, message, hint))
+class OutputError(KVPlanError, OSError):
+    """``KVP016``: a file could not be written. Also an ``OSError``, so callers that wrap
+    write failures in their own diagnostic (the vLLM plugin's dump directory) still do."""
+
+    def __init__(self, diagnostic: Diagnostic, code: int | None, reason: str) -> None:
+        super().__init__(diagnostic)
+        self.errno = code
+        self.strerror = reason
+
+    def __str__(self) -> str:
+        return self._summary()
+
+
+def _output_error(
+    name: str, message: str, hint: str, code: int | None = None, reason: str = ""
+) -> OutputError:
+    diagnostic = error(Code.OUTPUT_FAILED, name, message, hint)
+    return OutputError(diagnostic, code, reason or message.rstrip("."))
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -683,7 +699,9 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT)
             else "check the path and its permissions"
         )
-        raise _output_error(name, f"cannot write the file: {reason}.", hint) from None
+        raise _output_error(
+            name, f"cannot write the file: {reason}.", hint, exc.errno, reason
+        ) from None
     finally:
         if tmp:
             with contextlib.suppress(OSError):
