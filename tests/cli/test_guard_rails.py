@@ -280,3 +280,28 @@ def test_golden_check_reports_a_missing_plan_as_an_error(tmp_path: Path) -> None
     update = invoke(["golden", "update", str(tmp_path / "golden"), "--input-only"])
     assert update.exit_code == 0 and (folder / "plan.json").is_file()
     assert invoke(["golden", "check", str(tmp_path / "golden"), "--input-only"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (["plan", "--virtual-capacity", "abc", "x.json"], "--virtual-capacity"),
+        (["nosuch"], "kvplan"),
+        (["apply", "x.json", "--backend", "nope"], "--backend"),
+        (["plan"], "IN"),
+    ],
+)
+def test_usage_errors_are_kvp406(args: list[str], where: str) -> None:
+    outcome = spawn(args)
+    assert_refused(outcome, "KVP406")
+    assert where in outcome.stderr.splitlines()[0]
+
+
+def test_console_exit_codes_pass_through(tmp_path: Path) -> None:
+    one = _file(tmp_path, "a.json", json.dumps(b.llama(4)))
+    other = b.llama(4)
+    other["kv_cache_config"]["num_blocks"] = 32
+    two = _file(tmp_path, "b.json", json.dumps(other))
+    assert spawn(["diff", str(one), str(one)]).exit_code == 0
+    assert spawn(["diff", str(one), str(two)]).exit_code == 1
+    assert spawn(["--help"]).exit_code == 0

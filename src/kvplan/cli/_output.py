@@ -158,8 +158,8 @@ def guarded(command: _F) -> _F:
                 fail(_stdout_failed(exc))
             reason = exc.strerror or type(exc).__name__
             fail([error(Code.UNREADABLE, str(exc.filename), f"{reason}.", "check the path")])
-        except (typer.Exit, typer.Abort, SystemExit, KeyboardInterrupt):
-            raise
+        except (typer.Exit, typer.Abort, typer.TyperException, SystemExit, KeyboardInterrupt):
+            raise  # exits, and usage errors (typer.BadParameter) that main() reports
         except Exception as exc:  # a bug: still one paragraph, never a traceback
             if os.environ.get(TRACEBACK_ENV) == "1":
                 raise

@@ -130,6 +130,7 @@ class Code(StrEnum):
     BLOCK_OUT_OF_RANGE = "KVP404"
     # CLI execution inputs (405-409)
     OPTION_OUT_OF_RANGE = "KVP405"
+    USAGE = "KVP406"
     INTEGRATION = "KVP501"
     # legacy / kvcached (6xx)
     LEGACY_LAYER_UNBACKED = "KVP601"
