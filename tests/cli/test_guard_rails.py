@@ -305,3 +305,15 @@ def test_console_exit_codes_pass_through(tmp_path: Path) -> None:
     assert spawn(["diff", str(one), str(one)]).exit_code == 0
     assert spawn(["diff", str(one), str(two)]).exit_code == 1
     assert spawn(["--help"]).exit_code == 0
+
+
+def test_at_most_50_diagnostics_are_printed(tmp_path: Path) -> None:
+    doc = b.llama(4)
+    doc["kv_cache_config"].update({f"unknown_{i}": i for i in range(300)})
+    path = _file(tmp_path, "many.json", json.dumps(doc))
+    outcome = invoke(["plan", str(path)])
+    assert_refused(outcome, "KVP004")
+    lines = outcome.stderr.strip().splitlines()
+    assert len(lines) == 51 and "250 more diagnostics" in lines[-1]
+    listed = json.loads(invoke(["validate", "--json", str(path)]).stdout)["diagnostics"]
+    assert len(listed) == 300

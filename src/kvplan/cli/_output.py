@@ -107,12 +107,23 @@ def print_json(data: Any) -> None:
     print_data(escape_json_text(json.dumps(data, indent=2, ensure_ascii=False)))
 
 
+MAX_REPORTED = 50
+"""Most diagnostics printed as text; the rest are counted (``validate --json`` lists all)."""
+
+
 def report(diagnostics: Iterable[Diagnostic]) -> None:
-    """Print each diagnostic as one paragraph on stderr."""
+    """Print each diagnostic as one paragraph on stderr (errors first, at most 50)."""
     console = stderr_console()
-    for diag in sorted(diagnostics, key=lambda d: not d.is_error):
+    ordered = sorted(diagnostics, key=lambda d: not d.is_error)
+    for diag in ordered[:MAX_REPORTED]:
         style = "red" if diag.is_error else "yellow"
         console.print(diag.render(), style=style, markup=False)
+    if len(ordered) > MAX_REPORTED:
+        console.print(
+            f"… and {len(ordered) - MAX_REPORTED} more diagnostics "
+            "(`kvplan validate --json` lists them all)",
+            markup=False,
+        )
 
 
 def fail(exc: KVPlanError | list[Diagnostic]) -> NoReturn:
