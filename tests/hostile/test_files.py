@@ -48,6 +48,7 @@ FILES = {
         "KVP014",
         lambda d: _write(d / "l.json", b" " * (loading.MAX_DOCUMENT_BYTES + 2)),
     ),
+    "endless-device": ("KVP014", lambda d: Path(os.devnull).with_name("zero")),
     "scalar": ("KVP004", lambda d: _write(d / "s.json", b"42")),
     "list": ("KVP004", lambda d: _write(d / "s.yaml", b"- 1\n- 2\n")),
     "two-yaml-docs": ("KVP001", lambda d: _write(d / "t.yaml", b"a: 1\n---\nb: 2\n")),
