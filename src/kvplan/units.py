@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _UNITS: dict[str, int] = {"": 1, "B": 1}
@@ -10,24 +11,34 @@ _UNITS.update(_BINARY)
 _UNITS.update({f"{u}IB": v for u, v in _BINARY.items()})
 _UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGT")})
 
+MAX_SIZE = (1 << 63) - 1
+"""Largest size :func:`parse_size` returns (the signed 64-bit range)."""
+MAX_OPTION_BYTES = 1 << 50
+"""Largest byte count a command-line option takes (1 PiB: above any device's memory)."""
+
 
 def parse_size(text: str) -> int:
     """Bytes in ``text``: ``KiB``…``TiB`` and bare ``K``…``T`` are binary, ``KB``…``TB`` decimal.
 
     Raises ``ValueError`` for anything else, or for a size that is not positive.
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*", text)
+    shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
+    match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
     unit = match.group(2).upper() if match else ""
     if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}; write e.g. 80GiB, 2MiB or 4096")
-    value = int(float(match.group(1)) * _UNITS[unit])
+        raise ValueError(f"cannot read size {shown}; write e.g. 80GiB, 2MiB or 4096")
+    value = int(Fraction(match.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"size {text!r} is not positive")
+        raise ValueError(f"size {shown} is not positive")
+    if value > MAX_SIZE:
+        raise ValueError(f"size {shown} is larger than 8 EiB")
     return value
 
 
 def human_bytes(n: float) -> str:
     """``1610612736`` → ``1.50 GiB``; whole bytes below 1 KiB."""
+    if isinstance(n, int) and abs(n) >= 1 << 60:  # exact: a float would overflow or round
+        return f"{n / (1 << 40):.4g} TiB" if abs(n) < 1 << 1000 else "more than 10^290 TiB"
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":

@@ -121,6 +121,40 @@ CASES: dict[str, Any] = {
 }
 
 
+def _reading_cases() -> dict[str, bytes]:
+    """Documents refused while reading (limits, duplicates, encodings): raw bytes."""
+    good = json.dumps(_base(), indent=1)
+    deep = "[" * 100 + "]" * 100
+    bomb = ["format: kvplan.input/1", "metadata:", "  a0: &a0 [" + ", ".join("x" * 9) + "]"]
+    bomb += [f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    return {
+        "KVP009-nesting-too-deep.json": good[:-2].encode()
+        + b', "metadata": {"d": '
+        + deep.encode()
+        + b"}}\n",
+        "KVP009-nesting-too-deep.yaml": b"format: kvplan.input/1\nmetadata: "
+        + deep.encode()
+        + b"\n",
+        "KVP010-integer-over-64-bits.json": good.replace(
+            '"num_blocks": 64', '"num_blocks": 1' + "0" * 30
+        ).encode(),
+        "KVP010-integer-over-4300-digits.yaml": b"format: kvplan.input/1\nkv_cache_config:\n"
+        b"  num_blocks: 1" + b"0" * 4300 + b"\n",
+        "KVP011-duplicate-key.json": good.replace(
+            '"num_blocks": 64', '"num_blocks": 64, "num_blocks": 65'
+        ).encode(),
+        "KVP011-duplicate-key.yaml": b"format: kvplan.input/1\nformat: kvplan.input/1\n",
+        "KVP012-alias-refers-to-itself.yaml": b"format: kvplan.input/1\nmetadata: &m {self: *m}\n",
+        "KVP012-alias-bomb.yaml": ("\n".join(bomb) + "\n").encode(),
+        "KVP013-not-utf8.json": good.replace("0.33.0", "0.33.0\udce9").encode(
+            "utf-8", "surrogateescape"
+        ),
+        "KVP013-nul-byte.yaml": b"format: kvplan.input/1\nvllm_version: 0.33\x00\n",
+        "KVP015-empty.json": b"",
+        "KVP015-only-a-comment.yaml": b"# nothing here\n",
+    }
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.iterdir():
@@ -131,6 +165,8 @@ def main() -> None:
         '{"format": "kvplan.input/1", "kv_cache_config": {\n'
     )
     (OUT / "KVP001-malformed.yaml").write_text("format: kvplan.input/1\nkv_cache_config: [a, b\n")
+    for name, data in _reading_cases().items():
+        (OUT / name).write_bytes(data)
     (OUT / "KVP005-unknown-spec-kind.yaml").write_text(
         "kv_cache_config:\n  num_blocks: 4\n  kv_cache_layout: LBNHC\n  kv_cache_tensors: []\n"
         "  kv_cache_groups:\n  - layer_names: [a]\n"

@@ -5,16 +5,22 @@ Exit codes follow ``diff``: 0 success/same, 1 different (or drift), 2 error.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
-from collections.abc import Iterable
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable
+from typing import IO, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from kvplan.schemas.errors import Diagnostic, KVPlanError
+from kvplan.schemas.canonical import escape_json_text
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -29,10 +35,60 @@ PIPE_WIDTH = 200
 """Table width when stdout is not a terminal and ``COLUMNS`` is unset (files, pipes, CI logs)."""
 
 
+def _stdout_failed(exc: OSError) -> KVPlanError:
+    reason = exc.strerror or type(exc).__name__
+    return KVPlanError(
+        error(
+            Code.STDOUT_FAILED,
+            "stdout",
+            f"cannot write to standard output: {reason}.",
+            "write to a file with -o, or keep the reading end of the pipe open",
+        )
+    )
+
+
+class _GuardedStdout:
+    """``sys.stdout`` whose write failures (full disk, closed pipe) raise ``KVP018``."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise _stdout_failed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise _stdout_failed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def stdout_console() -> Console:
     """Console for data (tables, documents); wide when piped, so tables do not wrap."""
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
-    return Console(no_color=_no_color(), highlight=False, soft_wrap=True, width=width)
+    return Console(
+        file=_GuardedStdout(sys.stdout),  # type: ignore[arg-type]
+        no_color=_no_color(),
+        highlight=False,
+        soft_wrap=True,
+        width=width,
+    )
+
+
+def cell(value: object) -> Text:
+    """Document text for a table cell or a line: never markup, control characters escaped."""
+    return Text(printable(str(value)))
+
+
+def safe_lines(text: str) -> str:
+    """Multi-line text made from a document (a diff), each line through :func:`printable`."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def stderr_console() -> Console:
@@ -41,21 +97,33 @@ def stderr_console() -> Console:
 
 
 def print_data(text: str) -> None:
-    """Write a document (JSON/YAML) to stdout verbatim, no markup."""
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    sys.stdout.flush()
+    """Write a document (JSON/YAML) to stdout verbatim, no markup; ``KVP018`` if it fails."""
+    out = _GuardedStdout(sys.stdout)
+    out.write(text if text.endswith("\n") else text + "\n")
+    out.flush()
 
 
 def print_json(data: Any) -> None:
-    print_data(json.dumps(data, indent=2, ensure_ascii=False))
+    print_data(escape_json_text(json.dumps(data, indent=2, ensure_ascii=False)))
+
+
+MAX_REPORTED = 50
+"""Most diagnostics printed as text; the rest are counted (``validate --json`` lists all)."""
 
 
 def report(diagnostics: Iterable[Diagnostic]) -> None:
-    """Print each diagnostic as one paragraph on stderr."""
+    """Print each diagnostic as one paragraph on stderr (errors first, at most 50)."""
     console = stderr_console()
-    for diag in sorted(diagnostics, key=lambda d: not d.is_error):
+    ordered = sorted(diagnostics, key=lambda d: not d.is_error)
+    for diag in ordered[:MAX_REPORTED]:
         style = "red" if diag.is_error else "yellow"
         console.print(diag.render(), style=style, markup=False)
+    if len(ordered) > MAX_REPORTED:
+        console.print(
+            f"… and {len(ordered) - MAX_REPORTED} more diagnostics "
+            "(`kvplan validate --json` lists them all)",
+            markup=False,
+        )
 
 
 def fail(exc: KVPlanError | list[Diagnostic]) -> NoReturn:
@@ -63,3 +131,58 @@ def fail(exc: KVPlanError | list[Diagnostic]) -> NoReturn:
     diagnostics = exc.diagnostics if isinstance(exc, KVPlanError) else exc
     report(diagnostics)
     raise typer.Exit(EXIT_ERROR)
+
+
+def _silence_stdout() -> None:
+    """After a write to stdout failed, point it at /dev/null so exit does not retry the write."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+
+
+TRACEBACK_ENV = "KVPLAN_TRACEBACK"
+"""Set to 1 to let an unexpected exception (a kvplan bug) raise with its traceback."""
+
+
+def guarded(command: _F) -> _F:
+    """The CLI's one boundary: what a command raises becomes one coded paragraph and exit 2.
+
+    ``KVPlanError`` is reported as is; an ``OSError`` (a file or stream that failed) as
+    ``KVP002``/``KVP018``; anything else is a kvplan bug, reported as ``KVP019`` with its type
+    and (bounded) message, unless ``KVPLAN_TRACEBACK=1``.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except KVPlanError as exc:
+            if exc.code is Code.STDOUT_FAILED:
+                _silence_stdout()
+            fail(exc)
+        except OSError as exc:
+            if exc.filename is None:
+                _silence_stdout()
+                fail(_stdout_failed(exc))
+            reason = exc.strerror or type(exc).__name__
+            fail([error(Code.UNREADABLE, str(exc.filename), f"{reason}.", "check the path")])
+        except (typer.Exit, typer.Abort, typer.TyperException, SystemExit, KeyboardInterrupt):
+            raise  # exits, and usage errors (typer.BadParameter) that main() reports
+        except Exception as exc:  # a bug: still one paragraph, never a traceback
+            if os.environ.get(TRACEBACK_ENV) == "1":
+                raise
+            fail(
+                [
+                    error(
+                        Code.INTERNAL,
+                        command.__name__,
+                        f"internal error: {type(exc).__name__}: {exc}",
+                        f"please report it with the input; {TRACEBACK_ENV}=1 shows the traceback",
+                    )
+                ]
+            )
+
+    return run  # type: ignore[return-value]

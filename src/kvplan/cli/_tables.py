@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from kvplan.cli._output import cell
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
 
@@ -15,10 +16,10 @@ def pools_table(plan: BindingPlan) -> Table:
         table.add_column(column, justify="left" if column == "name" else "right")
     for pool in plan.pools:
         table.add_row(
-            pool.name,
-            human_bytes(pool.size_bytes),
-            f"{pool.size_bytes:,}",
-            str(pool.alignment_bytes),
-            f"{pool.num_blocks:,}",
+            cell(pool.name),
+            cell(human_bytes(pool.size_bytes)),
+            cell(f"{pool.size_bytes:,}"),
+            cell(pool.alignment_bytes),
+            cell(f"{pool.num_blocks:,}"),
         )
     return table

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from kvplan.cli import apply_cmd, doc_cmds, doctor_cmd, golden_cmd, inspect_cmd
+from kvplan.cli._output import EXIT_ERROR, guarded, report
+from kvplan.schemas.errors import Code, error
 
 app = typer.Typer(
     name="kvplan",
@@ -19,5 +21,45 @@ for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd, doctor_cmd):
     module.register(app)
 
 
+def _guard_all(application: typer.Typer) -> None:
+    """Every command, nested groups included, runs inside the one error boundary."""
+    for command in application.registered_commands:
+        if command.callback is not None:
+            command.callback = guarded(command.callback)
+    for group in application.registered_groups:
+        if group.typer_instance is not None:
+            _guard_all(group.typer_instance)
+
+
+_guard_all(app)
+
+
 def main() -> None:
-    app()
+    """Console entry point: usage errors, too, become one coded paragraph (``KVP406``)."""
+    import sys
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.BadParameter as exc:
+        hint = f"run `{exc.ctx.command_path} --help`" if exc.ctx is not None else ""
+        param = exc.param
+        where = ""
+        if param is not None:
+            opts = getattr(param, "opts", [])
+            metavar = getattr(param, "metavar", None) or param.name or ""
+            where = "/".join(opts) if param.param_type_name == "option" else str(metavar)
+        report([error(Code.USAGE, where.replace("'", ""), exc.format_message(), hint)])
+        sys.exit(EXIT_ERROR)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as exc:  # click's UsageError (unknown command, missing value)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as click does
+            getattr(exc, "show", lambda: None)()
+            sys.exit(EXIT_ERROR)
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "kvplan"
+        format_message = getattr(exc, "format_message", None)
+        message = format_message() if callable(format_message) else str(exc)
+        report([error(Code.USAGE, where, message, f"run `{where} --help`")])
+        sys.exit(EXIT_ERROR)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -16,8 +16,8 @@ from rich.table import Table
 
 from kvplan import units
 from kvplan.cli._documents import load_document_as_plan
-from kvplan.cli._output import EXIT_ERROR, fail, print_json, report, stdout_console
-from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+from kvplan.cli._output import EXIT_ERROR, fail, guarded, print_json, report, stdout_console
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
 
@@ -37,28 +37,86 @@ class ModeName(StrEnum):
 
 
 def parse_size(text: str) -> int:
-    """``--chunk-size`` in bytes (see :func:`kvplan.units.parse_size`)."""
+    """``--chunk-size`` in bytes (see :func:`kvplan.units.parse_size`), at most 1 PiB."""
     try:
-        return units.parse_size(text)
+        value = units.parse_size(text)
     except ValueError as exc:
         raise KVPlanError(
             error(Code.SCHEMA, "--chunk-size", f"{exc}.", "write e.g. 2MiB, 64KiB or 4194304")
         ) from None
+    if value > units.MAX_OPTION_BYTES:
+        raise KVPlanError(
+            error(
+                Code.OPTION_OUT_OF_RANGE,
+                "--chunk-size",
+                f"{human_bytes(value)} is larger than kvplan accepts "
+                f"({human_bytes(units.MAX_OPTION_BYTES)}).",
+                "write e.g. 2MiB or 32MiB",
+            )
+        )
+    return value
 
 
-def parse_blocks(text: str) -> list[int]:
-    """``0-3,8`` → ``[0, 1, 2, 3, 8]``."""
-    out: list[int] = []
+def parse_block_ranges(text: str) -> list[range]:
+    """``0-3,8`` → ``[range(0, 4), range(8, 9)]``: the ranges, never the expanded list."""
+    out: list[range] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"(\d{1,19})(?:-(\d{1,19}))?", part)
         if not match:
             raise KVPlanError(
-                error(Code.SCHEMA, "--blocks", f"Cannot read block range {part!r}.", "e.g. 0-15,32")
+                error(
+                    Code.SCHEMA,
+                    "--blocks",
+                    f"Cannot read block range {show_value(part)}.",
+                    "e.g. 0-15,32",
+                )
             )
         lo = int(match.group(1))
         hi = int(match.group(2) or lo)
-        out.extend(range(lo, hi + 1))
+        if hi < lo:
+            raise KVPlanError(
+                error(Code.SCHEMA, "--blocks", f"range {lo}-{hi} is empty.", "write low-high")
+            )
+        out.append(range(lo, hi + 1))
     return out
+
+
+def parse_blocks(text: str, num_blocks: int | None = None) -> list[int]:
+    """``0-3,8`` → ``[0, 1, 2, 3, 8]`` (sorted, without repeats).
+
+    Every range is checked against ``num_blocks`` (``KVP404``) and the count against
+    :data:`MAX_BLOCK_IDS` (``KVP405``) before any list is built: ``0-999999999`` costs nothing.
+    """
+    ranges = parse_block_ranges(text)
+    if num_blocks is not None:
+        for r in ranges:
+            if r[-1] >= num_blocks:
+                raise KVPlanError(
+                    error(
+                        Code.BLOCK_OUT_OF_RANGE,
+                        "--blocks",
+                        f"block {r[-1]} is out of range: the plan has {num_blocks} blocks "
+                        f"(0-{num_blocks - 1}).",
+                        f"pick block ids below {num_blocks}",
+                    )
+                )
+    if sum(len(r) for r in ranges) > MAX_BLOCK_IDS:
+        raise KVPlanError(
+            error(
+                Code.OPTION_OUT_OF_RANGE,
+                "--blocks",
+                f"more than {MAX_BLOCK_IDS:,} block ids.",
+                "name fewer blocks",
+            )
+        )
+    ids: set[int] = set()
+    for r in ranges:
+        ids.update(r)
+    return sorted(ids)
+
+
+MAX_BLOCK_IDS = 1 << 24
+"""Most block ids ``--blocks`` names when no plan bounds them."""
 
 
 def _run(
@@ -131,14 +189,17 @@ def apply_command(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Apply PLAN with a backend, verify every tensor, print timings (ms) and memory."""
+    chunk = parse_size(chunk_size)
+    if blocks:
+        parse_block_ranges(blocks)  # syntax first, before the plan is read
+    plan = load_document_as_plan(plan_path)
+    bound = max([plan.source.num_blocks, *(pool.num_blocks for pool in plan.pools)])
+    block_ids = parse_blocks(blocks, bound) if blocks else []
     try:
-        chunk = parse_size(chunk_size)
-        block_ids = parse_blocks(blocks) if blocks else []
-        plan = load_document_as_plan(plan_path)
         run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
         stats, diags = _run(plan, backend.value, device, run_mode, chunk, block_ids)
-    except KVPlanError as exc:
-        fail(exc)
+    except KVPlanError:
+        raise
     except Exception as exc:  # never a traceback: exit 2 with one paragraph
         fail([error(Code.DRIVER_CALL_FAILED, "apply", f"{type(exc).__name__}: {exc}")])
     ok = not any(d.is_error for d in diags)
@@ -170,4 +231,4 @@ def apply_command(
 
 def register(app: typer.Typer) -> None:
     """Add the ``apply`` command to ``app``."""
-    app.command("apply")(apply_command)
+    app.command("apply")(guarded(apply_command))  # guarded here too: tests register it alone

@@ -14,21 +14,28 @@ from kvplan.cli._documents import as_plan, load_document_as_plan
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
-    fail,
+    cell,
     print_data,
     print_json,
     report,
+    safe_lines,
     stderr_console,
     stdout_console,
 )
 from kvplan.cli._tables import pools_table
 from kvplan.planner import diff_plans, validate
-from kvplan.schemas.canonical import to_data
+from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.legacy import LegacyInputDocument
-from kvplan.schemas.loading import dump, dumps, load_any
+from kvplan.schemas.loading import (
+    dump,
+    dumps,
+    load_any,
+    refuse_output_over_input,
+    write_text_atomic,
+)
 from kvplan.schemas.plan import BindingPlan
-from kvplan.units import human_bytes
+from kvplan.units import MAX_OPTION_BYTES, human_bytes
 
 
 class DiffFormat(StrEnum):
@@ -43,12 +50,17 @@ class SchemaName(StrEnum):
 
 
 def render_plan(plan: BindingPlan) -> None:
-    """Rich tables: pools, views by group, aliases, memory summary (stdout)."""
+    """Rich tables: pools, views by group, aliases, memory summary (stdout).
+
+    Every text from the document goes through :func:`cell`: never markup, never raw escapes.
+    """
     console = stdout_console()
     src = plan.source
     console.print(
-        f"plan {plan.fingerprint[:19]}…  vLLM {src.vllm_version or '?'}  "
-        f"layout {src.layout or '-'}  blocks {src.num_blocks}"
+        cell(
+            f"plan {plan.fingerprint[:19]}…  vLLM {src.vllm_version or '?'}  "
+            f"layout {src.layout or '-'}  blocks {src.num_blocks}"
+        )
     )
     console.print(pools_table(plan))
     views = Table(title="views")
@@ -56,7 +68,10 @@ def render_plan(plan: BindingPlan) -> None:
         views.add_column(col, justify="right" if col in ("group", "offset") else "left")
     for v in sorted(plan.views, key=lambda v: v.group):
         views.add_row(
-            str(v.group), v.layer, v.kind, v.dtype, str(v.shape), str(v.stride), str(v.offset_bytes)
+            *(
+                cell(value)
+                for value in (v.group, v.layer, v.kind, v.dtype, v.shape, v.stride, v.offset_bytes)
+            )
         )
     console.print(views)
     if plan.aliases:
@@ -64,13 +79,15 @@ def render_plan(plan: BindingPlan) -> None:
         aliases.add_column("layer")
         aliases.add_column("reads the cache of")
         for a in plan.aliases:
-            aliases.add_row(a.layer, a.target)
+            aliases.add_row(cell(a.layer), cell(a.target))
         console.print(aliases)
     s = plan.summary
     console.print(
-        f"{s.tensor_backed_layers} tensor-backed layers, {s.aliased_layers} aliased; "
-        f"{human_bytes(s.bytes_per_block)} per block; pools {human_bytes(s.pool_bytes)}; "
-        f"KV sharing saves {human_bytes(s.alias_saved_bytes)}"
+        cell(
+            f"{s.tensor_backed_layers} tensor-backed layers, {s.aliased_layers} aliased; "
+            f"{human_bytes(s.bytes_per_block)} per block; pools {human_bytes(s.pool_bytes)}; "
+            f"KV sharing saves {human_bytes(s.alias_saved_bytes)}"
+        )
     )
 
 
@@ -112,57 +129,67 @@ def register(app: typer.Typer) -> None:
         from typing import cast, get_args
 
         from kvplan.planner.legacy import build_legacy_plan
-        from kvplan.schemas.errors import Code, error
+        from kvplan.schemas.errors import Code, error, show_value
         from kvplan.schemas.legacy import PoolLayout, Strategy
 
         options = (strategy, pool_layout, virtual_capacity)
-        try:
-            for flag, value, allowed in (
-                ("--strategy", strategy, get_args(Strategy)),
-                ("--pool-layout", pool_layout, get_args(PoolLayout)),
-            ):
-                if value is not None and value not in allowed:
-                    raise KVPlanError(
-                        error(
-                            Code.UNKNOWN_ENUM,
-                            flag,
-                            f"unknown value {value!r}; expected one of: {', '.join(allowed)}",
-                        )
-                    )
-            if virtual_capacity is not None and virtual_capacity <= 0:
-                raise KVPlanError(
-                    error(Code.SCHEMA, "--virtual-capacity", "must be a positive byte count")
-                )
-            obj = load_any(input_path)
-            if isinstance(obj, LegacyInputDocument):
-                legacy, problems = build_legacy_plan(
-                    obj,
-                    strategy=cast(Strategy | None, strategy),
-                    pool_layout=cast(PoolLayout | None, pool_layout),
-                    virtual_capacity_bytes=virtual_capacity,
-                )
-                errors = [d for d in problems if d.is_error]
-                if errors or legacy is None:
-                    raise KVPlanError(errors)
-                report(problems)
-                plan = legacy
-            elif any(o is not None for o in options):
+        if output is not None:
+            refuse_output_over_input(output, [input_path])
+        # errors raise; the CLI boundary (kvplan.cli._output.guarded) reports them
+        for flag, value, allowed in (
+            ("--strategy", strategy, get_args(Strategy)),
+            ("--pool-layout", pool_layout, get_args(PoolLayout)),
+        ):
+            if value is not None and value not in allowed:
                 raise KVPlanError(
                     error(
-                        Code.WRONG_FORMAT,
-                        str(input_path),
-                        "--strategy, --pool-layout and --virtual-capacity apply to "
-                        "kvplan.input-legacy/1 documents only",
-                        "drop the options for a kvplan.input/1 document",
+                        Code.UNKNOWN_ENUM,
+                        flag,
+                        f"unknown value {value!r}; expected one of: {', '.join(allowed)}",
                     )
                 )
-            else:
-                plan = as_plan(obj)
-        except KVPlanError as exc:
-            fail(exc)
+        if virtual_capacity is not None and virtual_capacity <= 0:
+            raise KVPlanError(
+                error(Code.SCHEMA, "--virtual-capacity", "must be a positive byte count")
+            )
+        if virtual_capacity is not None and virtual_capacity > MAX_OPTION_BYTES:
+            raise KVPlanError(
+                error(
+                    Code.OPTION_OUT_OF_RANGE,
+                    "--virtual-capacity",
+                    f"{show_value(virtual_capacity)} bytes is more than kvplan accepts "
+                    f"({human_bytes(MAX_OPTION_BYTES)}).",
+                    "give the address space each pool reserves, e.g. 1099511627776",
+                )
+            )
+        obj = load_any(input_path)
+        if isinstance(obj, LegacyInputDocument):
+            legacy, problems = build_legacy_plan(
+                obj,
+                strategy=cast(Strategy | None, strategy),
+                pool_layout=cast(PoolLayout | None, pool_layout),
+                virtual_capacity_bytes=virtual_capacity,
+            )
+            errors = [d for d in problems if d.is_error]
+            if errors or legacy is None:
+                raise KVPlanError(errors)
+            report(problems)
+            plan = legacy
+        elif any(o is not None for o in options):
+            raise KVPlanError(
+                error(
+                    Code.WRONG_FORMAT,
+                    str(input_path),
+                    "--strategy, --pool-layout and --virtual-capacity apply to "
+                    "kvplan.input-legacy/1 documents only",
+                    "drop the options for a kvplan.input/1 document",
+                )
+            )
+        else:
+            plan = as_plan(obj)
         if output is not None:
             dump(plan, output)
-            stderr_console().print(f"wrote {output}", markup=False)
+            stderr_console().print(cell(f"wrote {output}"))
         else:
             print_data(dumps(plan, yaml_format=yaml))
 
@@ -186,7 +213,7 @@ def register(app: typer.Typer) -> None:
         else:
             report(problems)
             if not bad:
-                stderr_console().print(f"{path}: valid", markup=False)
+                stderr_console().print(cell(f"{path}: valid"))
         if bad:
             raise typer.Exit(EXIT_ERROR)
 
@@ -199,15 +226,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Show a plan as tables: pools, views by group, aliases, memory summary."""
-        try:
-            plan = load_document_as_plan(path)
-        except KVPlanError as exc:
-            fail(exc)
+        plan = load_document_as_plan(path)
         if html is not None:
             from kvplan.render import plan_page
 
-            html.write_text(plan_page(plan, title=path.name), encoding="utf-8")
-            stderr_console().print(f"wrote {html}", markup=False)
+            write_text_atomic(html, plan_page(plan, title=path.name))
+            stderr_console().print(cell(f"wrote {html}"))
         if as_json:
             print_json(to_data(plan))
         else:
@@ -226,22 +250,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Semantic diff keyed by pool and layer; exit 0 same, 1 different, 2 error."""
-        try:
-            plan_a, plan_b = load_document_as_plan(a), load_document_as_plan(b)
-            result = diff_plans(plan_a, plan_b)
-        except KVPlanError as exc:
-            fail(exc)
+        plan_a, plan_b = load_document_as_plan(a), load_document_as_plan(b)
+        result = diff_plans(plan_a, plan_b)
         if html is not None:
             from kvplan.render import diff_page
 
-            html.write_text(diff_page(plan_a, plan_b, (str(a), str(b))), encoding="utf-8")
-            stderr_console().print(f"wrote {html}", markup=False)
+            write_text_atomic(html, diff_page(plan_a, plan_b, (str(a), str(b))))
+            stderr_console().print(cell(f"wrote {html}"))
         text = {
             DiffFormat.text: result.to_text,
             DiffFormat.json: result.to_json,
             DiffFormat.markdown: result.to_markdown,
         }[fmt]()
-        print_data(text)
+        print_data(escape_json_text(text) if fmt is DiffFormat.json else safe_lines(text))
         if not result.same:
             raise typer.Exit(EXIT_DIFFERENT)
 

@@ -24,6 +24,7 @@ from kvplan.cli._output import (
 )
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import Code, KVPlanError, error
+from kvplan.schemas.loading import write_text_atomic
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.inspect import InspectOptions
@@ -78,8 +79,11 @@ def options_of(document: InputDocument) -> tuple[str, InspectOptions, int]:
     return str(meta["model"]), options, int(meta.get("tp_rank", 0))
 
 
-def regenerate(folder: Path, input_only: bool) -> Outcome:
-    """Load the stored pair and regenerate the plan (through vLLM unless ``input_only``)."""
+def regenerate(folder: Path, input_only: bool, require_plan: bool = True) -> Outcome:
+    """Load the stored pair and regenerate the plan (through vLLM unless ``input_only``).
+
+    A missing ``plan.json`` is an error (``KVP002``) unless ``require_plan`` is false (update).
+    """
     from kvplan.planner import diff_plans, plan
     from kvplan.schemas.loading import load_input, load_plan
 
@@ -87,7 +91,8 @@ def regenerate(folder: Path, input_only: bool) -> Outcome:
     try:
         stored_input = load_input(folder / INPUT_NAME)
         plan_path = folder / PLAN_NAME
-        outcome.stored_plan = load_plan(plan_path) if plan_path.is_file() else None
+        if require_plan or plan_path.exists():
+            outcome.stored_plan = load_plan(plan_path)
         if input_only:
             outcome.document = stored_input
             outcome.plan = plan(stored_input)
@@ -102,8 +107,8 @@ def regenerate(folder: Path, input_only: bool) -> Outcome:
     except KVPlanError as exc:
         outcome.error = "; ".join(d.render() for d in exc.diagnostics)
         return outcome
-    if outcome.stored_plan is None:
-        outcome.markdown = f"`{PLAN_NAME}` is missing.\n"
+    if outcome.stored_plan is None or outcome.plan is None:
+        outcome.markdown = f"`{PLAN_NAME}` is new.\n"
         return outcome
     diff = diff_plans(outcome.stored_plan, outcome.plan)
     outcome.same = diff.same and not outcome.input_changed
@@ -201,9 +206,8 @@ def register(app: typer.Typer) -> None:
             for o in outcomes:
                 if not o.same and not o.error and o.plan is not None:
                     page = html / f"{o.name}.html"
-                    page.write_text(
-                        drift_page(o.name, o.stored_plan, o.plan, o.input_changed),
-                        encoding="utf-8",
+                    write_text_atomic(
+                        page, drift_page(o.name, o.stored_plan, o.plan, o.input_changed)
                     )
                     _narrate(f"wrote {page}")
         if any(o.error for o in outcomes):
@@ -224,7 +228,7 @@ def register(app: typer.Typer) -> None:
             fail(exc)
         failed = False
         for folder in folders:
-            outcome = regenerate(folder, input_only)
+            outcome = regenerate(folder, input_only, require_plan=False)
             if outcome.error or outcome.document is None or outcome.plan is None:
                 _narrate(f"{folder.name}: {outcome.error}")
                 failed = True

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from kvplan import units
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
+    cell,
     fail,
     print_data,
     stderr_console,
@@ -21,7 +23,8 @@ from kvplan.cli._output import (
 )
 from kvplan.cli._tables import pools_table
 from kvplan.schemas.canonical import to_data
-from kvplan.schemas.errors import KVPlanError
+from kvplan.schemas.errors import KVPlanError, printable
+from kvplan.schemas.loading import write_text_atomic
 from kvplan.units import human_bytes
 
 if TYPE_CHECKING:
@@ -130,7 +133,10 @@ def render(result: InspectResult) -> None:
     s = plan.summary
     tp = f"  TP={result.options.tp} (rank 0 shown)" if result.options.tp > 1 else ""
     console.print(
-        f"[bold]{result.model.name}[/bold]  ({result.model.source}, {result.architecture})"
+        Text.assemble(
+            (printable(result.model.name), "bold"),
+            f"  ({printable(result.model.source)}, {printable(result.architecture)})",
+        )
     )
     console.print(
         f"vLLM {doc.vllm_version}  layout {result.layout}  max_model_len {result.max_model_len:,}  "
@@ -325,13 +331,13 @@ def register(app: typer.Typer) -> None:
         data = bundle(result.document, result.plan)
         if output is not None:
             as_yaml_file = as_yaml or output.suffix in (".yaml", ".yml")
-            output.write_text(_dump(data, as_yaml_file))
-            stderr_console().print(f"wrote {output}", markup=False)
+            write_text_atomic(output, _dump(data, as_yaml_file))
+            stderr_console().print(cell(f"wrote {output}"))
         if html is not None:
             from kvplan.render import plan_page
 
-            html.write_text(plan_page(result.plan, title=result.model.name), encoding="utf-8")
-            stderr_console().print(f"wrote {html}", markup=False)
+            write_text_atomic(html, plan_page(result.plan, title=result.model.name))
+            stderr_console().print(cell(f"wrote {html}"))
         if as_json or as_yaml:
             print_data(_dump(data, as_yaml))
         else:

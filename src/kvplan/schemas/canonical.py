@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import yaml
@@ -41,9 +42,22 @@ def _format(value: Any, indent: int) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# What json.dumps(ensure_ascii=False) leaves raw but a terminal acts on: DEL, C1 controls,
+# bidirectional overrides. They occur only inside strings, so escaping them keeps valid JSON.
+_TERMINAL_ACTIVE = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_json_text(text: str) -> str:
+    """JSON text with every character a terminal would act on written as a ``\\uXXXX`` escape."""
+    return _TERMINAL_ACTIVE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def to_json(model: BaseModel) -> str:
-    """Canonical JSON text: fixed key order, two-space indent, short scalar lists inline."""
-    return _format(to_data(model), 0) + "\n"
+    """Canonical JSON text: fixed key order, two-space indent, short scalar lists inline.
+
+    Control characters, DEL, C1 controls and bidirectional overrides are ``\\u`` escapes.
+    """
+    return escape_json_text(_format(to_data(model), 0) + "\n")
 
 
 def to_yaml(model: BaseModel) -> str:

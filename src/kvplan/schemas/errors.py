@@ -2,9 +2,62 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
+MAX_LOCATION_CHARS = 160
+"""Longest location a diagnostic keeps (longer ones are cut in the middle)."""
+MAX_MESSAGE_CHARS = 480
+"""Longest message or hint a diagnostic keeps: a diagnostic is a few lines at most."""
+MAX_REPR_CHARS = 60
+"""Longest rendering of one user-supplied value inside a message (:func:`show_value`)."""
+
+# C0/C1 control characters, DEL, and the bidirectional overrides that reorder what a terminal
+# shows: never written raw to a terminal from a document.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` safe for a terminal: control characters escaped (``\\x1b``), and, with
+    ``limit``, cut in the middle to at most ``limit`` characters.
+
+    The one filter every document-supplied text goes through before it reaches a terminal:
+    diagnostics (all fields), ``show`` tables and ``diff`` text. Rich markup is never applied
+    to such text (it is printed as :class:`rich.text.Text` or with ``markup=False``).
+    """
+    text = _UNPRINTABLE.sub(_escape_char, text)
+    if limit is not None and len(text) > limit:
+        keep = max(limit - 5, 2)
+        text = f"{text[: keep - keep // 3]} ... {text[len(text) - keep // 3 :]}"
+    return text
+
+
+def show_value(value: Any, limit: int = MAX_REPR_CHARS) -> str:
+    """A bounded ``repr`` of a user-supplied value for a message: never a huge integer's digits,
+    a whole nested document, or a raw control character."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > 64:
+            return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+        return repr(value)
+    if isinstance(value, dict):
+        return f"a mapping of {len(value)} key(s)"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} item(s)"
+    if isinstance(value, str):
+        return printable(repr(value[: limit * 2]), limit)
+    return printable(f"a {type(value).__name__}", limit)
 
 
 class Severity(StrEnum):
@@ -24,6 +77,18 @@ class Code(StrEnum):
     UNKNOWN_DTYPE = "KVP006"
     UNKNOWN_LAYOUT = "KVP007"
     UNKNOWN_ENUM = "KVP008"
+    # documents: reading limits, files and output (009-019)
+    TOO_DEEP = "KVP009"
+    NUMBER_OUT_OF_RANGE = "KVP010"
+    DUPLICATE_KEY = "KVP011"
+    ALIAS_EXPANSION = "KVP012"
+    BAD_ENCODING = "KVP013"
+    TOO_LARGE = "KVP014"
+    EMPTY_DOCUMENT = "KVP015"
+    OUTPUT_FAILED = "KVP016"
+    OUTPUT_IS_INPUT = "KVP017"
+    STDOUT_FAILED = "KVP018"
+    INTERNAL = "KVP019"
     # config semantics (1xx)
     BAD_NUM_BLOCKS = "KVP101"
     EMPTY_TENSOR = "KVP102"
@@ -66,6 +131,9 @@ class Code(StrEnum):
     DRIVER_CALL_FAILED = "KVP402"
     VERIFY_MISMATCH = "KVP403"
     BLOCK_OUT_OF_RANGE = "KVP404"
+    # CLI execution inputs (405-409)
+    OPTION_OUT_OF_RANGE = "KVP405"
+    USAGE = "KVP406"
     CLOSE_INCOMPLETE = "KVP410"
     INTEGRATION = "KVP501"
     RANK_UNKNOWN = "KVP502"
@@ -97,6 +165,16 @@ class Diagnostic(BaseModel):
     location: str = ""
     message: str
     hint: str = ""
+
+    @field_validator("location")
+    @classmethod
+    def _bound_location(cls, value: str) -> str:
+        return printable(value, MAX_LOCATION_CHARS)
+
+    @field_validator("message", "hint")
+    @classmethod
+    def _bound_text(cls, value: str) -> str:
+        return printable(value, MAX_MESSAGE_CHARS)
 
     @property
     def is_error(self) -> bool:
