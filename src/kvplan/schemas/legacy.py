@@ -446,7 +446,7 @@ def parse_legacy(data: Any, source: str = "<input>") -> LegacyInputDocument:
     try:
         return LegacyInputDocument.model_validate(data)
     except ValidationError as exc:
-        raise KVPlanError(diagnostics_from_validation(exc, source)) from None
+        raise KVPlanError(diagnostics_from_validation(exc, source, data)) from None
 
 
 def _spec_kinds(data: dict[str, Any]) -> list[tuple[str, str]]:
