@@ -44,7 +44,7 @@ def _plugin_isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     plugin.unregister()
     for name in ("KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR",
-                 "KVPLAN_STRICT", "VLLM_PLUGINS"):  # fmt: skip
+                 "KVPLAN_STRICT", "KVPLAN_PLAN_DIR", "VLLM_PLUGINS"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     yield
     plugin.unregister()
@@ -55,7 +55,7 @@ LoadPlugin = Callable[..., None]
 
 @pytest.fixture
 def load_plugin(monkeypatch: pytest.MonkeyPatch) -> LoadPlugin:
-    """Set ``KVPLAN_*`` (``backend=``, ``mode=``, ``dump_dir=``, ``strict=``) and run
+    """Set ``KVPLAN_*`` (``backend=``, ``mode=``, ``dump_dir=``, ``strict=``, ``plan_dir=``) and run
     vLLM's ``load_general_plugins()`` with ``VLLM_PLUGINS=kvplan``."""
     import vllm.plugins
 
@@ -66,6 +66,7 @@ def load_plugin(monkeypatch: pytest.MonkeyPatch) -> LoadPlugin:
         mode: str | None = None,
         dump_dir: Path | None = None,
         strict: bool = False,
+        plan_dir: Path | None = None,
         allow: str | None = "kvplan",
     ) -> None:
         monkeypatch.setenv("KVPLAN_ENABLE", enable)
@@ -74,6 +75,7 @@ def load_plugin(monkeypatch: pytest.MonkeyPatch) -> LoadPlugin:
             "KVPLAN_MODE": mode,
             "KVPLAN_DUMP_DIR": None if dump_dir is None else str(dump_dir),
             "KVPLAN_STRICT": "1" if strict else None,
+            "KVPLAN_PLAN_DIR": None if plan_dir is None else str(plan_dir),
             "VLLM_PLUGINS": allow,
         }
         for name, value in settings.items():

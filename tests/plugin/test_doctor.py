@@ -61,7 +61,7 @@ def test_text_report_disabled_by_default(doctor_env: pytest.MonkeyPatch) -> None
 
     code, out = _doctor()
     assert "enabled         no (set KVPLAN_ENABLE=1)" in out
-    assert "cuda-vmm" in out and "patch targets (vLLM 0.33 table)" in out
+    assert "cuda-vmm" in out and "patch targets (vllm-0.32-0.33 adapter)" in out
     if backend_status("cuda-vmm")[0]:
         assert code == 0 and "ready, but disabled" in out
     else:  # enabling would fail: say so now

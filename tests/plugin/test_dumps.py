@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 import kvplan
 from kvplan.cli import app
-from kvplan.integrations.vllm import plugin
-from kvplan.integrations.vllm.capture import to_vllm
+from kvplan.integrations.vllm import plugin, to_vllm
 from kvplan.schemas.errors import KVPlanError
 from tests.plugin._models import ModelCase
 from tests.plugin._runners import v1_full_runner, via_v1, via_v2

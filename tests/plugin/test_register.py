@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvplan.integrations.vllm import plugin
-from kvplan.integrations.vllm._patch_targets import READ, TARGETS, Target, version_key
+from kvplan.integrations.vllm.versions import READ, Target, adapter_for, supported_range
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.plugin.conftest import LoadPlugin
 
@@ -21,7 +21,9 @@ pytestmark = pytest.mark.vllm
 def _targets() -> tuple[Target, ...]:
     import vllm
 
-    return TARGETS[version_key(vllm.__version__)]  # before any test fakes the version
+    adapter = adapter_for(vllm.__version__)  # before any test fakes the version
+    assert adapter is not None, vllm.__version__
+    return adapter.targets
 
 
 def _value(target: Target) -> Any:
@@ -133,7 +135,7 @@ def test_unsupported_vllm_version(load_plugin: LoadPlugin, monkeypatch: pytest.M
     with pytest.raises(KVPlanError) as info:
         load_plugin("torch")
     assert info.value.code is Code.INTEGRATION
-    assert "0.34.1" in str(info.value) and "0.33.x" in str(info.value)
+    assert "0.34.1" in str(info.value) and supported_range() in str(info.value)
     assert not any(_wrapped().values())
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvplan.integrations.vllm import plugin
-from kvplan.integrations.vllm._patch_targets import READ, TARGETS
+from kvplan.integrations.vllm.versions import adapter_for
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.plugin._models import ModelCase
 from tests.plugin._runners import (
@@ -27,7 +27,9 @@ from tests.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
 
-SITES = [t for t in TARGETS["0.33"] if t.role != READ]
+_ADAPTER = adapter_for("0.33")
+assert _ADAPTER is not None
+SITES = [t for t in _ADAPTER.targets if t.patched]
 
 
 def _restore_original(monkeypatch: pytest.MonkeyPatch, module: str, qualname: str) -> None:

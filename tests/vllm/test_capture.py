@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvplan.integrations.vllm.capture import capture, spec_classes, to_vllm, worker_form
+from kvplan.integrations.vllm import capture, to_vllm
+from kvplan.integrations.vllm._capture import spec_classes, worker_form
 from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.specs import SPEC_KINDS
 
@@ -149,3 +150,74 @@ def test_vllm_version_is_recorded() -> None:
 
     document = capture(_config(_specs()["FullAttentionSpec"], ["a"]), shared_kv_cache_layers={})
     assert document.vllm_version == vllm.__version__
+
+
+def test_capture_is_the_function_after_every_submodule_loaded() -> None:
+    """No public submodule is named like a public function: loading them all (as vLLM's
+    plugin loader does) leaves ``capture`` and ``to_vllm`` the functions."""
+    import importlib
+    import pkgutil
+
+    import kvplan.integrations.vllm as package
+
+    importlib.import_module("kvplan.integrations.vllm._capture")
+    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+        if not info.name.endswith("._rank"):  # a script entry point
+            importlib.import_module(info.name)
+    public_modules = {
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_")
+    }
+    assert public_modules.isdisjoint(package.__all__), public_modules & set(package.__all__)
+    from kvplan.integrations.vllm import capture as again
+    from kvplan.integrations.vllm import to_vllm as back
+
+    assert callable(again) and again.__name__ == "capture"
+    assert callable(back) and back.__name__ == "to_vllm"
+    document = again(_config(_specs()["FullAttentionSpec"], ["a"]), shared_kv_cache_layers={})
+    assert back(document).num_blocks == 8
+
+
+def test_release_fields_are_neither_read_nor_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 0.32, whose specs lack ``is_draft`` (and MLA's ``topk_buffer_width``), a document
+    rebuilds without them; one that sets them cannot be rebuilt there."""
+    import vllm
+    from kvplan.schemas.errors import Code
+
+    config = _config(_specs()["SlidingWindowSpec"], ["a", "b"])
+    mla = _config(_specs()["MLAAttentionSpec"], ["m"])
+    monkeypatch.setattr(vllm, "__version__", "0.32.0")
+    document = capture(config, shared_kv_cache_layers={})
+    assert document.vllm_version == "0.32.0"
+    assert to_vllm(document) == config
+    assert to_vllm(capture(mla, shared_kv_cache_layers={})) == mla
+    spec = document.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    draft = document.model_copy(
+        update={
+            "kv_cache_config": document.kv_cache_config.model_copy(
+                update={
+                    "kv_cache_groups": [
+                        document.kv_cache_config.kv_cache_groups[0].model_copy(
+                            update={"kv_cache_spec": spec.model_copy(update={"is_draft": True})}
+                        )
+                    ]
+                }
+            )
+        }
+    )
+    with pytest.raises(KVPlanError) as info:
+        to_vllm(draft)
+    assert info.value.code is Code.FIELD_NOT_IN_RELEASE and "is_draft" in str(info.value)
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    assert to_vllm(draft).kv_cache_groups[0].kv_cache_spec.is_draft is True
+
+
+def test_unsupported_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+    from kvplan.schemas.errors import Code
+
+    monkeypatch.setattr(vllm, "__version__", "0.31.0")
+    with pytest.raises(KVPlanError) as info:
+        capture(_config(_specs()["FullAttentionSpec"], ["a"]), shared_kv_cache_layers={})
+    assert info.value.code is Code.INTEGRATION and "0.32–0.33" in str(info.value)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 import kvplan
-from kvplan.integrations.vllm.capture import capture, to_vllm
+from kvplan.integrations.vllm import capture, to_vllm
 from kvplan.integrations.vllm.fidelity import compare, vllm_kv_caches
 from kvplan.schemas.input import InputDocument
 from tests.vllm._cases import CASES, Built

@@ -3,7 +3,7 @@
 Exit 0 when it can (enabled or not yet enabled), 2 when something would make vLLM refuse
 to start or silently skip kvplan: vLLM missing, an unsupported version, a changed patch
 target, the plugin hidden from vLLM's loader, a bad ``KVPLAN_*`` value, an unavailable
-backend. The report goes to stdout either way.
+backend (host-vmm is probed: ``os.memfd_create`` must work). The report goes to stdout either way.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def _render(report: Report) -> None:
     settings = report.settings
     console.print("kvplan doctor", markup=False)
     line("kvplan", report.kvplan_version)
-    supported = ", ".join(report.supported)
+    line("supports", f"vLLM {report.supported}")
     if report.vllm_version is not None:
-        line("vLLM", f"{report.vllm_version} (kvplan supports {supported})")
+        line("vLLM", f"{report.vllm_version} installed")
     else:
         line("vLLM", f"not installed: {INSTALL_HINT}")
     if report.entry_point == ENTRY_POINT:
@@ -45,8 +45,9 @@ def _render(report: Report) -> None:
     line("mode", str(settings["mode"]))
     line("dump dir", str(settings["dump_dir"] or "-"))
     line("strict", "yes" if settings["strict"] else "no")
+    line("plan dir", str(settings["plan_dir"] or "-"))
     if report.targets:
-        console.print(f"patch targets (vLLM {report.target_table} table)", markup=False)
+        console.print(f"patch targets ({report.target_table} adapter)", markup=False)
         for row in report.targets:
             mark = "ok " if row["ok"] else "BAD"
             verb = "patch" if row["patched"] else "read "

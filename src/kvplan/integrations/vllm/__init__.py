@@ -1,7 +1,11 @@
-"""kvplan ⇄ vLLM 0.33: capture real ``KVCacheConfig`` objects and ask vLLM to plan models.
+"""kvplan ⇄ vLLM: capture real ``KVCacheConfig`` objects and ask vLLM to plan models.
 
-Importing this package does not import vLLM or torch; the names below load their module on
-first use. Everything here needs the ``vllm`` extra (``pip install 'kvplan[vllm]'``).
+Which vLLM releases are supported, and how each differs, is decided in ``versions/`` (one
+adapter per version family). Importing this package does not import vLLM or torch; the names
+below load their module on first use. No public submodule is named like a public function
+(``capture`` and ``to_vllm`` live in ``_capture``), so ``from kvplan.integrations.vllm import
+capture`` is always the function. Everything here needs the ``vllm`` extra
+(``pip install 'kvplan[vllm]'``).
 """
 
 from __future__ import annotations
@@ -13,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
-    from kvplan.integrations.vllm.capture import capture, to_vllm
+    from kvplan.integrations.vllm._capture import capture, to_vllm
     from kvplan.integrations.vllm.inspect import InspectOptions, InspectResult, inspect_model
 
 VLLM_EXTRA_HINT = "pip install 'kvplan[vllm]'"
 """How a user gets the real vLLM that this integration needs."""
 
 _LAZY: dict[str, str] = {
-    "capture": "kvplan.integrations.vllm.capture",
-    "to_vllm": "kvplan.integrations.vllm.capture",
+    "capture": "kvplan.integrations.vllm._capture",
+    "to_vllm": "kvplan.integrations.vllm._capture",
     "InspectOptions": "kvplan.integrations.vllm.inspect",
     "InspectResult": "kvplan.integrations.vllm.inspect",
     "inspect_model": "kvplan.integrations.vllm.inspect",
@@ -74,10 +78,16 @@ def require_vllm() -> None:
             error(
                 Code.BACKEND_UNAVAILABLE,
                 "vllm",
-                "this needs vLLM 0.33, which is not installed.",
+                f"this needs vLLM {_supported()}, which is not installed.",
                 f"{VLLM_EXTRA_HINT}",
             )
         )
+
+
+def _supported() -> str:
+    from kvplan.integrations.vllm.versions import supported_range
+
+    return supported_range()
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from kvplan.integrations.vllm import _patch_targets as targets
+from kvplan.integrations.vllm import _refusals as refusals
+from kvplan.integrations.vllm import versions
 from kvplan.integrations.vllm._patch_settings import backend_status, read_settings
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 
@@ -30,7 +31,8 @@ class Report:
     kvplan_version: str
     vllm_version: str | None = None
     vllm_error: str | None = None
-    supported: list[str] = field(default_factory=targets.supported_versions)
+    supported: str = field(default_factory=versions.supported_range)
+    """The supported vLLM releases, e.g. ``0.32–0.33``."""
     entry_point: str | None = None
     vllm_plugins: list[str] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +72,8 @@ class Report:
                 "installed": self.vllm_version is not None,
                 "version": self.vllm_version,
                 "error": self.vllm_error,
-                "supported_versions": self.supported,
+                "supported_range": self.supported,
+                "supported_versions": [f"{r}.x" for r in versions.supported_releases()],
                 "install": INSTALL_HINT,
             },
             "plugin": {
@@ -88,7 +91,7 @@ class Report:
                 "available": self.backend_available,
                 "detail": self.backend_detail,
             },
-            "target_table": self.target_table,
+            "adapter": self.target_table,
             "targets": self.targets,
             "problems": [p.model_dump(mode="json") for p in self.problems],
             "usable": self.usable,
@@ -161,19 +164,26 @@ def _check_vllm(report: Report) -> Any:
 
 
 def _check_targets(report: Report) -> None:
+    """Resolve the installed release's targets (the newest adapter's, to show what differs,
+    when the release is unsupported)."""
     version = report.vllm_version or ""
-    bad_version = targets.check_version(version)
-    if bad_version is not None:
-        report.problems.append(bad_version)
-    key = targets.version_key(version) if bad_version is None else list(targets.TARGETS)[-1]
-    report.target_table = key
-    for target in targets.TARGETS[key]:
-        found = targets.resolve(target)
+    adapter = versions.adapter_for(version)
+    if adapter is None:
+        report.problems.extend(
+            refusals.unsupported_version(
+                version, versions.supported_range(), versions.refused_for(version)
+            )
+        )
+    shown = adapter or versions.all_adapters()[-1]
+    report.target_table = shown.name
+    for target in shown.targets:
+        found = versions.resolve(target)
         report.targets.append(
             {
                 "target": target.name,
                 "role": target.role,
-                "patched": target.role != targets.READ,
+                "runner": target.runner,
+                "patched": target.patched,
                 "why": target.why,
                 "exists": found.value is not None,
                 "signature": found.signature,
@@ -182,15 +192,8 @@ def _check_targets(report: Report) -> None:
                 "problem": found.problem,
             }
         )
-        if not found.ok and bad_version is None:
-            report.problems.append(
-                error(
-                    Code.INTEGRATION,
-                    target.name,
-                    f"vLLM {version}: patch target {target.name} is unusable: {found.problem}.",
-                    "see docs/integration.md (adding a vLLM version)",
-                )
-            )
+        if not found.ok and adapter is not None:
+            report.problems.append(refusals.target_unusable(version, found))
 
 
 def diagnose(environ: Mapping[str, str] | None = None) -> Report:

@@ -20,6 +20,7 @@ ENV_BACKEND = "KVPLAN_BACKEND"
 ENV_MODE = "KVPLAN_MODE"
 ENV_DUMP_DIR = "KVPLAN_DUMP_DIR"
 ENV_STRICT = "KVPLAN_STRICT"
+ENV_PLAN_DIR = "KVPLAN_PLAN_DIR"
 
 BACKENDS = ("cuda-vmm", "torch", "host-vmm")
 """Backends the plugin binds with (``meta`` tensors cannot hold a cache)."""
@@ -62,6 +63,8 @@ class Settings:
     mode: str = DEFAULT_MODE
     dump_dir: Path | None = None
     strict: bool = False
+    plan_dir: Path | None = None
+    """Reviewed plans (``KVPLAN_PLAN_DIR``): a worker whose live plan differs refuses."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -70,6 +73,7 @@ class Settings:
             "mode": self.mode,
             "dump_dir": None if self.dump_dir is None else str(self.dump_dir),
             "strict": self.strict,
+            "plan_dir": None if self.plan_dir is None else str(self.plan_dir),
         }
 
 
@@ -114,7 +118,18 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
         )
     raw_dir = env.get(ENV_DUMP_DIR, "").strip()
     dump_dir = Path(raw_dir).expanduser() if raw_dir else None
-    settings = Settings(enabled, backend, mode, dump_dir, strict)
+    raw_plans = env.get(ENV_PLAN_DIR, "").strip()
+    plan_dir = Path(raw_plans).expanduser() if raw_plans else None
+    if plan_dir is not None and not plan_dir.is_dir():
+        problems.append(
+            error(
+                Code.REVIEWED_PLAN_MISSING,
+                ENV_PLAN_DIR,
+                f"{ENV_PLAN_DIR}={raw_plans!r} is not a directory of reviewed plans.",
+                f"point {ENV_PLAN_DIR} at a directory `kvplan golden` wrote, or unset it",
+            )
+        )
+    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir)
     return settings, problems
 
 
@@ -160,6 +175,19 @@ def cuda_driver_library() -> str | None:
     return None
 
 
+def memfd_works() -> tuple[bool, str]:
+    """Whether ``os.memfd_create`` works in this process (creates and closes one memfd)."""
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return False, "this Python has no os.memfd_create"
+    try:
+        fd = create("kvplan-probe", getattr(os, "MFD_CLOEXEC", 0))
+    except OSError as exc:
+        return False, f"os.memfd_create: {exc.strerror or exc}"
+    os.close(fd)
+    return True, "os.memfd_create works"
+
+
 def backend_status(name: str) -> tuple[bool, str]:
     """Whether backend ``name`` can work in this process, and why (no CUDA context made)."""
     if name == "torch":
@@ -169,7 +197,10 @@ def backend_status(name: str) -> tuple[bool, str]:
 
         if not sys.platform.startswith("linux"):
             return False, "host-vmm needs Linux (mmap, memfd_create)"
-        return True, "CPU VMM twin (mmap/memfd); only for workers on the CPU"
+        works, why = memfd_works()
+        if not works:
+            return False, f"host-vmm needs memfd_create, which fails here ({why})"
+        return True, "CPU VMM twin (mmap/memfd, memfd_create works); only for workers on the CPU"
     if name == "cuda-vmm":
         if not (_find_spec("cuda.bindings") or _find_spec("cuda.cuda")):
             return False, "cuda-python is not installed (pip install cuda-python)"

@@ -242,6 +242,7 @@ def _build_error(resolved: ResolvedModel, exc: BaseException) -> KVPlanError:
 
 def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) -> InspectResult:
     from kvplan import plan as make_plan
+    from kvplan.integrations.vllm import capture
     from kvplan.integrations.vllm._build import (
         BuildOptions,
         collect_worker_specs,
@@ -251,7 +252,6 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         runner_config,
     )
     from kvplan.integrations.vllm._emulation import cuda_platform
-    from kvplan.integrations.vllm.capture import capture
 
     build = BuildOptions(
         model=str(resolved.path),

@@ -4,7 +4,9 @@ Entry point ``vllm.general_plugins: kvplan = kvplan.integrations.vllm.plugin:reg
 vLLM calls :func:`register` in every process (API server, engine core, workers), possibly
 several times. It does nothing unless ``KVPLAN_ENABLE=1`` (checked first, before any
 import). When enabled it checks the vLLM version and every patch target, then wraps them
-all, or raises ``KVPlanError`` (``KVP501``) and wraps none. See ``docs/integration.md``.
+all, or raises ``KVPlanError`` (``KVP501``) and wraps none. What is wrapped, and the handler
+each wrapper runs, comes from the vLLM release's adapter (``versions/``); the handlers drive
+the pipeline in ``_pipeline``. See ``docs/integration.md``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvplan.executor import BoundKVCache
-    from kvplan.integrations.vllm._patch_runtime import Runtime
     from kvplan.integrations.vllm._patch_settings import Settings
-    from kvplan.integrations.vllm._patch_targets import Resolved
+    from kvplan.integrations.vllm._pipeline import Runtime
+    from kvplan.integrations.vllm.versions import Resolved
     from kvplan.schemas.errors import Diagnostic
 
 __all__ = [
@@ -71,51 +73,45 @@ def register() -> None:
 def _activate() -> None:
     global _STATE
     import vllm
-    from kvplan.integrations.vllm import _patch_targets as targets
-    from kvplan.integrations.vllm._patch_runtime import Runtime
+    from kvplan.integrations.vllm import _refusals as refusals
+    from kvplan.integrations.vllm import versions
     from kvplan.integrations.vllm._patch_settings import (
         backend_status,
         prepare_dump_dir,
         read_settings,
     )
-    from kvplan.schemas.errors import Code, KVPlanError, error
+    from kvplan.integrations.vllm._pipeline import Runtime
 
     settings, problems = read_settings()
     if settings.enabled and not problems:
         usable, why = backend_status(settings.backend)
         if not usable:
-            problems.append(
-                error(
-                    Code.INTEGRATION,
-                    "KVPLAN_BACKEND",
-                    f"the {settings.backend} backend is unavailable: {why}.",
-                    "set KVPLAN_BACKEND=torch (any device) or install what it needs",
-                )
-            )
+            problems.append(refusals.backend_unavailable(settings.backend, why))
         if settings.dump_dir is not None:
             bad = prepare_dump_dir(settings.dump_dir)
             problems.extend([bad] if bad else [])
     version = str(getattr(vllm, "__version__", "unknown"))
-    found, target_problems = targets.resolve_all(version)
-    problems.extend(target_problems)
-    if problems:
-        reasons = " | ".join(p.render() for p in problems)
-        lead = error(
-            Code.INTEGRATION,
-            __name__,
-            f"kvplan's vLLM plugin refused to start (vLLM {version}): {reasons}",
-            "or unset KVPLAN_ENABLE to start vLLM without kvplan",
+    adapter = versions.adapter_for(version)
+    found: list[Resolved] = []
+    if adapter is None:
+        problems.extend(
+            refusals.unsupported_version(
+                version, versions.supported_range(), versions.refused_for(version)
+            )
         )
-        raise KVPlanError([lead, *problems])
-    if not settings.enabled:
+    else:
+        found = [versions.resolve(t) for t in adapter.targets]
+        problems.extend(refusals.target_unusable(version, r) for r in found if not r.ok)
+    if problems:
+        raise refusals.plugin_refused(version, problems)
+    if not settings.enabled or adapter is None:
         return
-    readers = {r.target.qualname: r.value for r in found if r.target.role == targets.READ}
-    shared_v2: Callable[[Any], Mapping[str, str]] = readers["get_shared_kv_cache_layers"]
-    runtime = Runtime(settings, version, shared_v2=shared_v2, unpatched=_unpatched_sites)
+    readers = {r.target.qualname: r.value for r in found if not r.target.patched}
+    runtime = Runtime(settings, adapter, version, readers=readers, unpatched=_unpatched_sites)
     state = _State(runtime)
     try:
         for resolved in found:
-            if resolved.target.role == targets.READ:
+            if not resolved.target.patched:
                 continue
             wrapper = _wrap(resolved, runtime)
             state.patches.append(_Patch(resolved, resolved.value, wrapper))
@@ -127,19 +123,24 @@ def _activate() -> None:
 
 
 def _wrap(resolved: Resolved, runtime: Runtime) -> Callable[..., Any]:
-    from kvplan.integrations.vllm._patch_runtime import Call
+    """The wrapper vLLM calls instead of ``resolved``: the adapter's handler while active."""
+    from kvplan.integrations.vllm._pipeline import Call
 
     original = resolved.value
-    site = resolved.target.name
+    target = resolved.target
     sig = inspect.signature(original)
-    handler = runtime.handler(resolved.target.role)
+    handler = target.handler
+    if handler is None:
+        raise TypeError(f"{target.name} is patched but its adapter gives no handler")
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return handler(Call(original, sig, site, args, kwargs))
+        if not runtime.active:
+            return original(*args, **kwargs)
+        return handler(runtime, Call(original, sig, target, args, kwargs))
 
     setattr(wrapper, "__kvplan_wrapper__", True)  # noqa: B010
-    setattr(wrapper, "__kvplan_site__", site)  # noqa: B010
+    setattr(wrapper, "__kvplan_site__", target.name)  # noqa: B010
     return wrapper
 
 
@@ -187,17 +188,9 @@ def check_patches() -> list[Diagnostic]:
 
     Empty when the plugin is inactive (nothing to watch) or every site is wrapped.
     """
-    from kvplan.schemas.errors import Code, error
+    from kvplan.integrations.vllm._refusals import site_unwrapped
 
-    return [
-        error(
-            Code.INTEGRATION,
-            name,
-            f"{name} is no longer kvplan's wrapper; calls through it bypass kvplan.",
-            "something re-patched vLLM after kvplan; load kvplan's plugin last",
-        )
-        for name in _unpatched_sites()
-    ]
+    return [site_unwrapped(name) for name in _unpatched_sites()]
 
 
 def is_active() -> bool:

@@ -5,6 +5,10 @@ installed vLLM is handled without a per-class table: ``capture`` writes a spec's
 ``kind`` and each field's value in kvplan's JSON form (dtype names, enum member names,
 ``Fraction`` as ``"n/d"``, ``MultipleOf`` as ``{"multiple_of": n}``); ``to_vllm`` reads the
 field types back from the vLLM classes' annotations.
+
+Which releases are supported, and the fields a release lacks, come from its version adapter
+(:mod:`kvplan.integrations.vllm.versions`): such a field is neither read from nor passed to
+that release. Public through the package: ``from kvplan.integrations.vllm import capture``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from enum import Enum
 from fractions import Fraction
 from functools import cache
@@ -29,7 +34,51 @@ from kvplan.schemas.layout import parse_layout
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
-__all__ = ["capture", "spec_class", "spec_classes", "to_vllm", "worker_form"]
+    from kvplan.integrations.vllm.versions import VersionAdapter
+
+__all__ = [
+    "capture",
+    "installed_adapter",
+    "spec_class",
+    "spec_classes",
+    "to_vllm",
+    "worker_form",
+]
+
+
+def installed_adapter() -> tuple[VersionAdapter, str]:
+    """The adapter of the installed vLLM and its version; ``KVP501`` if it is unsupported."""
+    import vllm
+    from kvplan.integrations.vllm.versions import adapter_for, supported_range
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    adapter = adapter_for(version)
+    if adapter is None:
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                "vllm.__version__",
+                f"kvplan does not support vLLM {version}; it supports vLLM {supported_range()}.",
+                "install a supported vLLM (pip install 'kvplan[vllm]')",
+            )
+        )
+    return adapter, version
+
+
+def _adapter_here(adapter: VersionAdapter | None) -> tuple[VersionAdapter, str]:
+    installed, version = installed_adapter()
+    if adapter is None:
+        return installed, version
+    if not adapter.covers(version):
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                "vllm.__version__",
+                f"the {adapter.name} adapter does not cover the installed vLLM {version}.",
+                f"use the installed release's adapter ({installed.name})",
+            )
+        )
+    return adapter, version
 
 
 # -- vLLM -> document ---------------------------------------------------------------------
@@ -126,16 +175,27 @@ def capture(
     kernel_block_sizes: Sequence[int] | None = None,
     layout: object | None = None,
     metadata: Mapping[str, Any] | None = None,
+    adapter: VersionAdapter | None = None,
 ) -> InputDocument:
     """The input document of one worker's ``KVCacheConfig`` (lossless).
 
     ``kv_cache_config`` may be the worker's config or the runner's copy after its KV-sharing
     append: appended sharers are removed from the groups (the map keeps them). ``layout`` is
     a vLLM ``KVCacheLayout`` or its name; it fills a config whose ``kv_cache_layout`` is unset
-    and must agree with one that is set.
+    and must agree with one that is set. ``adapter`` defaults to the installed vLLM's
+    (``KVP501`` when that release is unsupported); the document records ``vllm_version``.
     """
-    import vllm
-
+    adapter, version = _adapter_here(adapter)
+    if adapter.form != "placement":
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                "kv_cache_config",
+                f"vLLM {version} uses the {adapter.form} config form; kvplan.input/1 holds the "
+                "placement form.",
+                "capture it with kvplan.integrations.vllm.legacy_capture",
+            )
+        )
     config, appended = worker_form(kv_cache_config, shared_kv_cache_layers)
     data = encode_fields(config)
     if layout is not None:
@@ -154,7 +214,7 @@ def capture(
     if appended:
         meta.setdefault("captured_from", "runner")
     document = {
-        "vllm_version": vllm.__version__,
+        "vllm_version": version,
         "kv_cache_config": data,
         "shared_kv_cache_layers": dict(shared_kv_cache_layers),
         "kernel_block_sizes": None if kernel_block_sizes is None else list(kernel_block_sizes),
@@ -168,8 +228,7 @@ def capture(
                 error(
                     Code.SCHEMA,
                     ".".join(str(part) for part in item["loc"]),
-                    f"vLLM {vllm.__version__} produced a value kvplan's schema rejects: "
-                    f"{item['msg']}.",
+                    f"vLLM {version} produced a value kvplan's schema rejects: {item['msg']}.",
                     "kvplan may not know this vLLM version's spec fields yet.",
                 )
                 for item in exc.errors()
@@ -263,8 +322,40 @@ def _decode(hint: Any, value: Any) -> Any:
     return value
 
 
+def _absent_in_release(cls: type, data: Mapping[str, Any], absent: Mapping[str, Any]) -> dict:
+    """``data`` without the fields the release lacks (declared by its adapter for ``cls`` or a
+    base class); ``KVP505`` if the document sets one to anything but its unset value."""
+    lacking: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        lacking.update(absent.get(base.__name__, {}))
+    out = dict(data)
+    for name, unset in lacking.items():
+        if name not in out:
+            continue
+        value = out.pop(name)
+        if value != unset:
+            raise KVPlanError(
+                error(
+                    Code.FIELD_NOT_IN_RELEASE,
+                    f"{cls.__name__}.{name}",
+                    f"the document sets {name}={value!r}, but this vLLM release's "
+                    f"{cls.__name__} has no {name} field to hold it.",
+                    "rebuild the document on the vLLM release that captured it "
+                    "(its vllm_version), or leave the field unset",
+                )
+            )
+    return out
+
+
+_ABSENT: ContextVar[Mapping[str, Mapping[str, Any]] | None] = ContextVar(
+    "kvplan_absent", default=None
+)
+"""The fields the target release lacks, while :func:`to_vllm` decodes."""
+
+
 def _decode_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
     hints = _hints(cls)
+    data = _absent_in_release(cls, data, _ABSENT.get() or {})
     known = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = set(data) - known - {"kind"}
     if unknown:
@@ -284,15 +375,23 @@ def _decode_spec(data: Mapping[str, Any]) -> KVCacheSpec:
     return typing.cast("KVCacheSpec", _decode_dataclass(spec_class(data["kind"]), data))
 
 
-def to_vllm(document: InputDocument, *, with_sharers: bool = False) -> KVCacheConfig:
+def to_vllm(
+    document: InputDocument, *, with_sharers: bool = False, adapter: VersionAdapter | None = None
+) -> KVCacheConfig:
     """vLLM's ``KVCacheConfig`` for ``document`` (``==`` the captured one).
 
     ``with_sharers`` reproduces the runner's copy: each KV-sharing layer appended to its
-    target's group, as ``add_kv_sharing_layers_to_kv_cache_groups`` does.
+    target's group, as ``add_kv_sharing_layers_to_kv_cache_groups`` does. Fields the
+    installed release lacks (see its adapter) are left out when unset, else ``KVP505``.
     """
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-    config = _decode_dataclass(KVCacheConfig, to_data(document.kv_cache_config))
+    adapter, version = _adapter_here(adapter)
+    token = _ABSENT.set(adapter.fields_absent_in(version))
+    try:
+        config = _decode_dataclass(KVCacheConfig, to_data(document.kv_cache_config))
+    finally:
+        _ABSENT.reset(token)
     if with_sharers:
         from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups
 

@@ -1,0 +1,278 @@
+"""Every refusal of the vLLM plugin, worded in one place.
+
+Each function returns the :class:`KVPlanError` (or :class:`Diagnostic`) to raise; none has a
+side effect. A refusal at start-up (``register``) leads with ``KVP501`` and lists each
+problem; a refusal while binding names the worker, its runner and phase, the vLLM version and
+the first cause, then lists every diagnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvplan.integrations.vllm._patch_settings import ENV_BACKEND, ENV_ENABLE, ENV_PLAN_DIR
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, Severity, error
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.versions import RefusedReleases, Resolved
+
+DISABLE_HINT = f"unset {ENV_ENABLE} to start vLLM without kvplan"
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which allocation a refusal is about."""
+
+    label: str
+    """``rank<N>`` (``rank?`` when the rank could not be read)."""
+    runner: str
+    phase: str
+    site: str
+
+
+def as_errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    return [
+        d if d.is_error else d.model_copy(update={"severity": Severity.ERROR}) for d in diagnostics
+    ]
+
+
+# -- start-up (register) ------------------------------------------------------------------
+
+
+def plugin_refused(version: str, problems: list[Diagnostic]) -> KVPlanError:
+    reasons = " | ".join(p.render() for p in problems)
+    lead = error(
+        Code.INTEGRATION,
+        "kvplan.integrations.vllm.plugin",
+        f"kvplan's vLLM plugin refused to start (vLLM {version}): {reasons}",
+        f"or {DISABLE_HINT}",
+    )
+    return KVPlanError([lead, *problems])
+
+
+def unsupported_version(
+    version: str, supported: str, known: RefusedReleases | None
+) -> list[Diagnostic]:
+    """``KVP501``: no adapter for ``version``; a known release also names each difference."""
+    if known is None or not known.differences_of(version):
+        return [
+            error(
+                Code.INTEGRATION,
+                "vllm.__version__",
+                f"kvplan's vLLM plugin does not support vLLM {version}; it supports vLLM "
+                f"{supported}.",
+                "install a supported vLLM (pip install 'kvplan[vllm]'), or unset KVPLAN_ENABLE",
+            )
+        ]
+    return [
+        error(
+            Code.INTEGRATION,
+            d.function,
+            f"kvplan's vLLM plugin does not support vLLM {version} (it supports {supported}): "
+            f"{d.function} differs from what kvplan was written for: {d.difference}.",
+            "install a supported vLLM (pip install 'kvplan[vllm]'), or unset KVPLAN_ENABLE",
+        )
+        for d in known.differences_of(version)
+    ]
+
+
+def target_unusable(version: str, resolved: Resolved) -> Diagnostic:
+    name = resolved.target.name
+    return error(
+        Code.INTEGRATION,
+        name,
+        f"vLLM {version}: patch target {name} is unusable: {resolved.problem}.",
+        "this vLLM build differs from the release kvplan supports; see docs/integration.md "
+        "(adding a vLLM release), or unset KVPLAN_ENABLE",
+    )
+
+
+def backend_unavailable(backend: str, why: str) -> Diagnostic:
+    return error(
+        Code.INTEGRATION,
+        ENV_BACKEND,
+        f"the {backend} backend is unavailable: {why}.",
+        f"set {ENV_BACKEND}=torch (any device) or install what it needs",
+    )
+
+
+def site_unwrapped(name: str) -> Diagnostic:
+    return error(
+        Code.INTEGRATION,
+        name,
+        f"{name} is no longer kvplan's wrapper; calls through it bypass kvplan.",
+        "something re-patched vLLM after kvplan; load kvplan's plugin last",
+    )
+
+
+# -- while binding ------------------------------------------------------------------------
+
+
+def bind_refused(diagnostics: list[Diagnostic], where: Where, version: str) -> KVPlanError:
+    errors = [d for d in diagnostics if d.is_error] or diagnostics
+    first = errors[0] if errors else None
+    at = f" at {first.location}" if first and first.location else ""
+    cause = f"{first.code.value}{at}: {first.message}" if first else "no reason given"
+    lead = error(
+        Code.INTEGRATION,
+        where.site,
+        f"kvplan refused to bind the KV cache of {where.label} ({where.runner} runner, "
+        f"{where.phase}, vLLM {version}): {cause}",
+        DISABLE_HINT,
+    )
+    return KVPlanError([lead, *diagnostics])
+
+
+def unexpected(exc: Exception, where: Where, version: str) -> KVPlanError:
+    """A refusal for anything kvplan or torch raised while planning or binding."""
+    if isinstance(exc, KVPlanError):
+        return bind_refused(exc.diagnostics, where, version)
+    problem = error(
+        Code.INTEGRATION,
+        where.site,
+        f"{type(exc).__name__} while planning or binding: {exc}",
+        "please report this with the files KVPLAN_DUMP_DIR writes",
+    )
+    return bind_refused([problem], where, version)
+
+
+def rank_unknown(exc: BaseException) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.RANK_UNKNOWN,
+            "torch.distributed.get_rank",
+            f"this worker's rank cannot be read ({type(exc).__name__}: {exc}); kvplan will not "
+            "guess it, since dumps and reviewed plans are per rank.",
+            "initialise torch.distributed before the KV cache is allocated (vLLM's workers "
+            f"do), or {DISABLE_HINT}",
+        )
+    )
+
+
+def unknown_sharers(site: str, missing: list[str]) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            site,
+            f"{len(missing)} layer(s) sit in a KV cache group but own no tensor, and kvplan "
+            f"cannot tell whose cache they read: {', '.join(missing[:4])}.",
+            "call allocate_kv_cache through a vLLM runner (which knows its sharing map), or "
+            "inside set_current_vllm_config",
+        )
+    )
+
+
+def no_sharing_map(site: str, runner: str, version: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            site,
+            f"the {runner} runner has no shared_kv_cache_layers map (vLLM {version}).",
+            DISABLE_HINT,
+        )
+    )
+
+
+def hisparse(site: str, version: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            site,
+            "kvplan's vLLM plugin does not support HiSparse KV caches "
+            f"(attention_config.hisparse_config is set; vLLM {version}).",
+            DISABLE_HINT,
+        )
+    )
+
+
+def bypassed(site: str, runner: str, unpatched: list[str]) -> KVPlanError:
+    detail = f" Call sites no longer wrapped: {', '.join(unpatched)}." if unpatched else ""
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            site,
+            f"vLLM's {runner} runner finished {site} without allocating through kvplan: the KV "
+            f"cache came from a path kvplan does not wrap.{detail}",
+            "run `kvplan doctor`; " + DISABLE_HINT,
+        )
+    )
+
+
+def mismatch(what: str, problems: list[Diagnostic]) -> KVPlanError:
+    return KVPlanError(
+        [
+            error(
+                Code.INTEGRATION,
+                "verify",
+                f"{what} does not match the plan ({len(problems)} difference(s)).",
+                "kvplan's model of this vLLM is wrong for this config; please report it",
+            ),
+            *as_errors(problems),
+        ]
+    )
+
+
+def pooled_allocation(backend: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            "kv_cache_allocation_context",
+            "vLLM asked to place the KV cache in a memory pool (sleep mode's CuMem allocator "
+            f"or a KV connector's pool); the {backend} backend maps its own memory outside any "
+            "pool.",
+            f"set {ENV_BACKEND}=torch (allocates inside the pool), or turn off sleep mode / the "
+            "connector's memory pool",
+        )
+    )
+
+
+def host_vmm_on_device(device: object) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            ENV_BACKEND,
+            f"the host-vmm backend maps CPU memory, but this worker's device is {device}.",
+            f"set {ENV_BACKEND}=cuda-vmm or torch",
+        )
+    )
+
+
+def dump_unwritable(path: object, exc: OSError) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.INTEGRATION,
+            "KVPLAN_DUMP_DIR",
+            f"cannot write {path}: {exc.strerror or exc}.",
+            "point KVPLAN_DUMP_DIR at a writable directory, or unset it",
+        )
+    )
+
+
+# -- reviewed plans (KVPLAN_PLAN_DIR) -----------------------------------------------------
+
+
+def reviewed_plan_missing(path: object, why: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.REVIEWED_PLAN_MISSING,
+            ENV_PLAN_DIR,
+            f"no reviewed plan for this worker: {path} {why}.",
+            "write it with `kvplan golden add DIR MODEL` (rank 0) or copy the worker's "
+            "KVPLAN_DUMP_DIR plan there after review (docs/integration.md), or unset "
+            f"{ENV_PLAN_DIR}",
+        )
+    )
+
+
+def reviewed_plan_differs(path: object, label: str, markdown: str, count: int) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.REVIEWED_PLAN_DIFFERS,
+            str(path),
+            f"the live plan of {label} differs from the reviewed plan ({count} change(s), "
+            f"reviewed -> live):\n{markdown.rstrip()}\n",
+            "review the change (`kvplan diff`) and update the reviewed plan, or start vLLM "
+            f"with the reviewed settings, or unset {ENV_PLAN_DIR}",
+        )
+    )
