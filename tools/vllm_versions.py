@@ -491,37 +491,37 @@ def survey_release(wheel: Wheel, ref: Wheel, legacy_ref: Wheel | None) -> Releas
 
 def kvplan_support(release: Release) -> None:
     """Fill ``plugin``/``legacy``/``support`` from kvplan itself (no hand-written table)."""
+    from kvplan.integrations.vllm.versions import adapter_for, refused_for
     from kvplan.schemas.legacy import legacy_release_accepted
 
-    try:
-        from kvplan.integrations.vllm.versions import adapter_for  # type: ignore[import-not-found]
-    except ImportError:
-        adapter_for = None
-    if adapter_for is not None:
-        adapter = adapter_for(release.version)
-        release.plugin = (
-            f"adapter `{adapter.name}` ({adapter.form})" if adapter is not None else "no adapter"
-        )
-        plugin_ok = adapter is not None
-    else:  # before the per-version adapters: the plugin's target tables
-        from kvplan.integrations.vllm._patch_targets import targets_for
-
-        plugin_ok = targets_for(release.version) is not None
-        release.plugin = "patch targets" if plugin_ok else "no patch targets"
+    adapter = adapter_for(release.version)
+    refused = refused_for(release.version)
+    if adapter is not None:
+        release.plugin = f"adapter `{adapter.name}` ({adapter.form})"
+    elif refused is not None:
+        n = len(refused.differences_of(release.version))
+        release.plugin = f"refused ({n} differences named)"
+    else:
+        release.plugin = "no adapter"
     legacy_ok = legacy_release_accepted(release.version)
     release.legacy = "accepted" if legacy_ok else "refused (KVP608)"
-    if plugin_ok:
+    if adapter is not None:
         release.support = "end to end via plugin"
     elif legacy_ok:
         release.support = (
             "offline `kvplan.input-legacy/1` only (no `allocate_kv_cache` for the plugin)"
         )
-    else:
-        changed = sum(1 for f in release.patched if f.status != "identical")
-        release.support = (
-            f"not supported: no plugin adapter ({changed} patched functions differ from "
-            f"{REFERENCE}) and not a legacy release"
+    elif refused is not None:
+        funcs = sorted(
+            {d.function.rsplit(".", 1)[-1] for d in refused.differences_of(release.version)}
         )
+        release.support = (
+            "not supported: the plugin refuses it ("
+            + ", ".join(f"`{f}`" for f in funcs)
+            + " differ from what kvplan was written for) and it is not a legacy release"
+        )
+    else:
+        release.support = "not supported: no plugin adapter and not a legacy release"
 
 
 def contradictions(releases: list[Release]) -> list[str]:
