@@ -1,7 +1,8 @@
-"""The legacy input document ``kvplan.input-legacy/1``: vLLM 0.22–0.24's KV-cache binding facts.
+"""The legacy input document ``kvplan.input-legacy/1``: vLLM 0.22–0.28's KV-cache binding facts.
 
-vLLM up to 0.24 describes KV memory as ``KVCacheTensor(size, shared_by, offset,
-block_stride)`` — one allocation per tensor, shared by one layer of each group — and the
+vLLM up to 0.28 (the ``shared_by`` form; see :data:`LEGACY_VLLM_RELEASES`) describes KV
+memory as ``KVCacheTensor(size, shared_by, offset, block_stride)`` — one allocation per
+tensor, shared by one layer of each group — and the
 runner shapes each layer's tensor with its attention backend's ``get_kv_cache_shape`` and
 ``get_kv_cache_stride_order``. This document carries that ``KVCacheConfig`` (0.24 field
 names), the runner's attention groups with what their backend reported, the kernel block
@@ -485,7 +486,7 @@ class BindingOptions(_Frozen):
 
 
 class LegacyInputDocument(_Frozen):
-    """What kvplan plans a vLLM 0.22–0.24 binding from (one worker).
+    """What kvplan plans a vLLM 0.22–0.28 binding from (one worker).
 
     ``runner_only_attn_layers``: the V1 runner's set (KV sharers, encoder-only layers); a
     group layer in it owns no tensor. ``shared_kv_cache_layers``: sharer → target.
