@@ -4,7 +4,7 @@
 ``allocate_kv_cache`` binds on the CPU. This runs it with another release's vLLM::
 
     python tools/run_differential.py --wheels DIR --envs DIR 0.31 [0.30 ...]
-        [--maxfail N] [--timeout S] [--results docs/versions-differential.json]
+        [--select EXPR] [--maxfail N] [--timeout S] [--results FILE.json]
 
 For each release the wheel's pure-Python ``vllm/`` package (no compiled ``.so``: vLLM's CUDA
 kernels are not needed for CPU planning with ``VLLM_TARGET_DEVICE=cpu``) is unpacked once into
@@ -40,19 +40,49 @@ def wheel_for(wheels: Path, minor: str) -> Path:
     return found[-1]
 
 
-def unpack(wheel: Path, site: Path) -> float:
-    """Unpack ``vllm/`` without compiled modules into ``site``; seconds taken (0 if done)."""
+PLANNING_SHIM = '''"""Written by tools/run_differential.py: this release has no kv_cache_planning.
+
+kvplan's differential harness calls 0.33's engine-core planning names; before 0.33 the same
+steps live in ``kv_cache_utils``: ``get_kv_cache_configs(vllm_config, specs, memory)`` groups
+the merged specs itself (``get_kv_cache_groups``). These wrap the release's own functions.
+"""
+
+from vllm.v1.core import kv_cache_utils as _utils
+
+
+def get_global_kv_cache_groups(vllm_config, kv_cache_specs):
+    merged = {}
+    for specs in kv_cache_specs:
+        for name, spec in specs.items():
+            merged.setdefault(name, spec)
+    return _utils.get_kv_cache_groups(vllm_config, merged)
+
+
+def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, global_groups=None):
+    return _utils.get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory)
+'''
+"""Stands in for 0.33's ``vllm.v1.core.kv_cache_planning`` in releases without it."""
+
+
+def unpack(wheel: Path, site: Path) -> tuple[float, list[str]]:
+    """Unpack ``vllm/`` without compiled modules into ``site``; (seconds, shims written)."""
     marker = site / f".unpacked-{wheel.name}"
+    shims: list[str] = []
+    planning = site / "vllm" / "v1" / "core" / "kv_cache_planning.py"
     if marker.exists():
-        return 0.0
+        return 0.0, [planning.name] if (site / ".planning-shim").exists() else []
     start = time.monotonic()
     site.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
             if name.startswith("vllm/") and not re.search(r"\.so(\.|$)", name):
                 archive.extract(name, site)
+    if not planning.exists():
+        planning.write_text(PLANNING_SHIM)
+        (site / ".planning-shim").touch()
+        shims.append(planning.name)
     marker.touch()
-    return time.monotonic() - start
+    return time.monotonic() - start, shims
 
 
 def summarise(output: str) -> tuple[str, str]:
@@ -69,7 +99,7 @@ def summarise(output: str) -> tuple[str, str]:
 def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
     wheel = wheel_for(args.wheels, minor)
     site = args.envs / f"versions-{minor}" / "site"
-    unpacked = unpack(wheel, site)
+    unpacked, shims = unpack(wheel, site)
     env = dict(os.environ)
     env.update(
         VLLM_TARGET_DEVICE="cpu",
@@ -79,6 +109,8 @@ def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
     cmd = [sys.executable, "-m", "pytest", SUITE, "-q", "-p", "no:cacheprovider", "-rf"]
     if args.maxfail:
         cmd.append(f"--maxfail={args.maxfail}")
+    if args.select:
+        cmd += ["-k", args.select]
     start = time.monotonic()
     try:
         done = subprocess.run(
@@ -100,6 +132,8 @@ def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
         "seconds": f"{took:.0f}",
         "unpack_seconds": f"{unpacked:.1f}",
         "maxfail": str(args.maxfail or ""),
+        "shims": ", ".join(shims),
+        "select": args.select or "",
     }
     print(f"{minor}: {counts} ({took:.0f} s){' — ' + first if first else ''}")
     return result
@@ -108,6 +142,10 @@ def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
 def cell(result: dict[str, str]) -> str:
     """The ``differential`` cell of docs/versions.md for one release."""
     text = result["summary"]
+    if result.get("select"):
+        text += f" of `-k {result['select']}`"
+    if result.get("shims"):
+        text += f" (harness shim: {result['shims']})"
     if result.get("maxfail"):
         text += f" (stopped after {result['maxfail']} failures)"
     if result.get("first_error"):
@@ -122,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", type=Path, required=True, help="where per-release sites go")
     parser.add_argument("--maxfail", type=int, default=0, help="stop each run after N failures")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per release")
+    parser.add_argument("--select", help="pytest -k expression (a subset of the suite)")
     parser.add_argument(
         "--results", type=Path, default=ROOT / "docs" / "versions-differential.json"
     )
