@@ -366,13 +366,15 @@ def _mismatch(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
             extra = [
                 n for n in ("num_head_slots", "state_content_bytes") if getattr(spec, n) is not None
             ]
+            if not isinstance(spec, _WithHeadSizeV) and spec.head_size_v is not None:
+                extra.append("head_size_v")
             if extra:
                 out.append(
                     error(
                         Code.LEGACY_RELEASE_MISMATCH,
                         f"{_GROUPS}[{g}].kv_cache_spec",
-                        f"{spec.kind} sets {', '.join(extra)}, which vLLM {release.minor} "
-                        "does not have (0.28 added them)",
+                        f"{spec.kind} sets {', '.join(extra)}, which vLLM {release.minor}'s "
+                        f"{spec.kind} does not have (0.28 added them)",
                         fix,
                     )
                 )
@@ -402,12 +404,15 @@ def _unmodelled(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
             refuse(where, "binds a Mamba layer as one raw (blocks, 1, 1, page) view, not per state")
         if not isinstance(spec, LegacyAttentionSpec):
             continue
-        if not isinstance(spec, _WithHeadSizeV) and spec.head_size_v not in (None, spec.head_size):
-            refuse(where, f"sizes {spec.kind} pages with head_size_v {spec.head_size_v}")
         if not release.state_content_pages:
             continue
         if spec.num_head_slots is not None or spec.state_content_bytes is not None:
             refuse(where, "sizes pages from the backend's num_head_slots/state_content_bytes")
+        elif not isinstance(spec, _WithHeadSizeV) and spec.head_size_v not in (
+            None,
+            spec.head_size,
+        ):
+            refuse(where, f"sizes {spec.kind} pages with head_size_v {spec.head_size_v}")
         elif spec.kv_quant_mode.is_per_token_head:
             refuse(where, f"budgets {spec.kv_quant_mode.name} scales outside the 0.24 page")
         elif getattr(spec, "cache_dtype_str", None) == "fp8_ds_mla":
