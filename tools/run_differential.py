@@ -12,7 +12,7 @@ kernels are not needed for CPU planning with ``VLLM_TARGET_DEVICE=cpu``) is unpa
 environment (kvplan's, with vLLM 0.33 and its dependencies). The release's own dependency pins
 are not installed: a failure can also come from that. The summary (passed/failed counts and
 the first error of a failing test) is merged into the results JSON that
-``tools/vllm_versions.py`` puts in ``docs/versions.md``.
+``tools/vllm_versions.py`` puts in ``docs/versions.md`` (through :func:`cell`).
 
 Use the Python of kvplan's test environment; it must be the one ``pytest`` is installed in.
 """
@@ -139,6 +139,25 @@ def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
     return result
 
 
+KNOWN = (
+    (
+        r"'_C' object has no attribute",
+        "the PyPI wheel is vLLM's CUDA build: its model layers need compiled ops that only "
+        "the CPU build registers, so a model cannot be built on the CPU from it",
+    ),
+    (
+        r"cannot import name '\w+' from 'vllm\.v1\.core",
+        "kvplan's harness (`_build.plan_kv_cache`) names 0.33's engine-core planning steps "
+        "and this release lacks one",
+    ),
+    (
+        r"KVP50\d",
+        "kvplan refuses this release (no version adapter)",
+    ),
+)
+"""First-error signatures and what they mean."""
+
+
 def cell(result: dict[str, str]) -> str:
     """The ``differential`` cell of docs/versions.md for one release."""
     text = result["summary"]
@@ -148,8 +167,10 @@ def cell(result: dict[str, str]) -> str:
         text += f" (harness shim: {result['shims']})"
     if result.get("maxfail"):
         text += f" (stopped after {result['maxfail']} failures)"
-    if result.get("first_error"):
-        text += f"; first error: `{result['first_error'][:120]}`"
+    first = result.get("first_error", "")
+    if first:
+        text += f"; first error: `{first[:110]}`"
+        text += "".join(f" — {why}" for pattern, why in KNOWN if re.search(pattern, first))
     return text
 
 
@@ -165,11 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=ROOT / "docs" / "versions-differential.json"
     )
     args = parser.parse_args(argv)
-    results: dict[str, str] = {}
+    results: dict[str, dict[str, str]] = {}
     if args.results.exists():
         results = json.loads(args.results.read_text())
     for minor in args.releases:
-        results[minor] = cell(run(minor, args))
+        results[minor] = run(minor, args)
     args.results.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return 0
 

@@ -681,7 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     diff_path = args.differential or ROOT / "docs" / "versions-differential.json"
     differential: dict[str, str] = {}
     if diff_path.exists():
-        differential = json.loads(diff_path.read_text())
+        from run_differential import cell  # tools/ is on sys.path when run as a script
+
+        raw = json.loads(diff_path.read_text())
+        differential = {minor: cell(result) for minor, result in raw.items()}
     args.out.write_text(render(releases, differential, log))
     print(f"wrote {args.out}")
     bad = contradictions(releases)
