@@ -122,6 +122,7 @@ def run(minor: str, args: argparse.Namespace) -> dict[str, str]:
         code = f"timeout after {args.timeout} s"
     took = time.monotonic() - start
     counts, first = summarise(output)
+    first = first.replace(str(site), "<site>").replace(str(ROOT), "<repo>")
     log = args.envs / f"versions-{minor}" / "differential.log"
     log.write_text(output)
     result = {

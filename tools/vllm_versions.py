@@ -576,7 +576,14 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "|---|---|---|---|---|---|",
     ]
     for r in releases:
-        diff = differential.get(minor(r.version), "not run")
+        if minor(r.version) in differential:
+            diff = differential[minor(r.version)]
+        elif r.version == REFERENCE:
+            diff = "the project's own suite (`tests/vllm`)"
+        elif r.form == "shared_by":
+            diff = "n/a (no `allocate_kv_cache`; legacy fixtures come from 0.24.0's own code)"
+        else:
+            diff = "not run"
         out.append(
             f"| {r.version} | {r.form} | {r.plugin} | legacy: {r.legacy} | {r.support} | {diff} |"
         )
@@ -592,10 +599,12 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "The differential column: `tests/vllm/test_differential.py` (kvplan's plans against",
         "vLLM's real `allocate_kv_cache` on the CPU) run by `tools/run_differential.py` with the",
         "release's pure-Python `vllm/` package unpacked from its wheel and put before kvplan's",
-        "test environment (vLLM 0.33's dependencies; `VLLM_TARGET_DEVICE=cpu`, no compiled",
-        "kernels needed); `not run` where it was not attempted. The suite builds each case with",
-        "`kvplan.integrations.vllm._build` (vLLM's engine-core planning steps as 0.33 names",
-        "them) and captures with kvplan's capture, which refuses releases without an adapter.",
+        "test environment (vLLM 0.33's dependencies, `VLLM_TARGET_DEVICE=cpu`; the wheel's",
+        "compiled modules are CUDA builds and are left out). The suite builds each case with",
+        "`kvplan.integrations.vllm._build`, which calls vLLM's engine-core planning steps by",
+        "0.33's names; for a release without `vllm.v1.core.kv_cache_planning` the tool writes a",
+        "shim module wrapping the release's own `kv_cache_utils` functions. kvplan's capture",
+        "refuses releases without an adapter, so the suite can only pass where one exists.",
         "",
         f"## Patched functions against {REFERENCE}",
         "",
