@@ -1,7 +1,8 @@
-"""The legacy input document ``kvplan.input-legacy/1``: vLLM 0.22–0.24's KV-cache binding facts.
+"""The legacy input document ``kvplan.input-legacy/1``: vLLM 0.22–0.28's KV-cache binding facts.
 
-vLLM up to 0.24 describes KV memory as ``KVCacheTensor(size, shared_by, offset,
-block_stride)`` — one allocation per tensor, shared by one layer of each group — and the
+vLLM up to 0.28 (the ``shared_by`` form; see :data:`LEGACY_VLLM_RELEASES`) describes KV
+memory as ``KVCacheTensor(size, shared_by, offset, block_stride)`` — one allocation per
+tensor, shared by one layer of each group — and the
 runner shapes each layer's tensor with its attention backend's ``get_kv_cache_shape`` and
 ``get_kv_cache_stride_order``. This document carries that ``KVCacheConfig`` (0.24 field
 names), the runner's attention groups with what their backend reported, the kernel block
@@ -12,10 +13,19 @@ sizes, the runner-only layer set and the KV-sharing map, and the binding options
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from kvplan.schemas.dtypes import DType, itemsize
 from kvplan.schemas.specs import _by_name
@@ -26,6 +36,66 @@ KVCACHED_PAGE_SIZE = 2 << 20
 
 PER_TOKEN_HEAD_SCALE_BYTES = 4
 """0.24 budgets one float32 scale per token, head and K/V in the page."""
+
+
+@dataclass(frozen=True)
+class LegacyRelease:
+    """One vLLM release of the ``shared_by`` form and how it differs from 0.24's binding.
+
+    kvplan's legacy planner reproduces 0.24; a document naming another release is planned
+    when the document stays inside what that release binds the same way, and refused
+    (``KVP609``/``KVP610``) where it does not. Facts from ``tools/vllm_versions.py``
+    (``docs/versions.md``).
+    """
+
+    minor: str
+    packed_tensors: bool = True
+    """``KVCacheTensor`` has ``offset``/``block_stride`` (0.24+); before, no packing."""
+    relayout_mixed_attention: bool = False
+    """0.25+: attention groups with different block dims are restrided without Mamba too."""
+    mamba_state_views: bool = True
+    """≤0.26: one view per Mamba state; 0.27+: one raw ``(blocks, 1, 1, page)`` view."""
+    state_content_pages: bool = False
+    """0.28: page = head slots × storage block × ``state_content_bytes``; per-token-head
+    scales and fp8_ds_mla are no longer budgeted by the 0.24 formulas."""
+
+
+LEGACY_REFERENCE_RELEASE = "0.24"
+"""The release kvplan's legacy planner reproduces; a document without ``vllm_version``."""
+
+LEGACY_VLLM_RELEASES: dict[str, LegacyRelease] = {
+    r.minor: r
+    for r in (
+        LegacyRelease("0.22", packed_tensors=False),
+        LegacyRelease("0.23", packed_tensors=False),
+        LegacyRelease("0.24"),
+        LegacyRelease("0.25", relayout_mixed_attention=True),
+        LegacyRelease("0.26", relayout_mixed_attention=True),
+        LegacyRelease("0.27", relayout_mixed_attention=True, mamba_state_views=False),
+        LegacyRelease(
+            "0.28", relayout_mixed_attention=True, mamba_state_views=False, state_content_pages=True
+        ),
+    )
+}
+"""Every vLLM release whose ``KVCacheTensor`` is the ``shared_by`` form (0.29+ use placement
+with ``layers``/``layer_stride``: plan those from ``kvplan.input/1``). The one list of the
+releases a ``kvplan.input-legacy/1`` document may name."""
+
+
+def release_minor(version: str) -> str:
+    """``0.25.1`` / ``v0.28.0rc1.dev3+g12`` → ``0.25`` (unchanged when not a version)."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    return f"{match.group(1)}.{match.group(2)}" if match else version
+
+
+def legacy_release(version: str | None) -> LegacyRelease | None:
+    """The release a document's ``vllm_version`` names (None: 0.24), or None if not accepted."""
+    minor = LEGACY_REFERENCE_RELEASE if version is None else release_minor(version)
+    return LEGACY_VLLM_RELEASES.get(minor)
+
+
+def legacy_release_accepted(version: str | None) -> bool:
+    return legacy_release(version) is not None
 
 
 class LegacyKVQuantMode(IntEnum):
@@ -53,11 +123,29 @@ def _nvfp4_dim(head_size: int) -> int:
     return head_size // 2 + head_size // 16
 
 
+LATER_RELEASE_FIELDS = frozenset(
+    {
+        "head_size_v",
+        "num_head_slots",
+        "state_content_bytes",
+        "non_causal_multi_token_decode",
+        "extra_retained_tokens",
+    }
+)
+"""Spec fields 0.25–0.28 added; written back only when the document gave them."""
+
+
 class LegacySpec(_Frozen):
     """0.24's ``KVCacheSpec``: ``block_size`` and a ``page_size_bytes``."""
 
     kind: str = ""
     block_size: int = Field(gt=0, description="tokens per block")
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        unset = (LATER_RELEASE_FIELDS & set(data)) - self.model_fields_set
+        return {k: v for k, v in data.items() if k not in unset}
 
     @property
     def page_size_bytes(self) -> int:
@@ -82,6 +170,9 @@ class LegacyAttentionSpec(LegacySpec):
     kv_quant_mode: QuantField = LegacyKVQuantMode.NONE
     page_size_padded: int | None = Field(default=None, gt=0)
     indexes_kv_by_block_stride: bool = False
+    head_size_v: int | None = Field(default=None, ge=0, description="0.28+ on every spec")
+    num_head_slots: int | None = Field(default=None, gt=0, description="0.28+; refused if set")
+    state_content_bytes: int | None = Field(default=None, gt=0, description="0.28+; refused if set")
 
     @property
     def is_attention(self) -> bool:
@@ -157,6 +248,7 @@ class LegacyTQFullAttentionSpec(LegacyFullAttentionSpec):
 class LegacySlidingWindowSpec(_WithHeadSizeV):
     kind: Literal["SlidingWindowSpec"] = "SlidingWindowSpec"  # type: ignore[assignment]
     sliding_window: int = Field(gt=0)
+    extra_retained_tokens: int = Field(default=0, ge=0, description="0.28+; not memory")
 
 
 class LegacyChunkedLocalAttentionSpec(LegacyAttentionSpec):
@@ -218,10 +310,13 @@ class _MLAPage:
 
 class LegacyMLAAttentionSpec(_MLAPage, LegacyFullAttentionSpec):
     kind: Literal["MLAAttentionSpec"] = "MLAAttentionSpec"  # type: ignore[assignment]
+    head_size_v: int | None = Field(default=None, ge=0)
+    """0.28 MLA writes 0 (no V part); the MLA page does not use it."""
     cache_dtype_str: str | None = None
     alignment: int | None = Field(default=None, gt=0)
     compress_ratio: int = Field(default=1, gt=0)
     model_version: str | None = None
+    non_causal_multi_token_decode: bool = Field(default=False, description="0.27+; not memory")
 
 
 class LegacyHiddenStateCacheSpec(LegacyMLAAttentionSpec):
@@ -232,6 +327,7 @@ class LegacySlidingWindowMLASpec(_MLAPage, LegacySlidingWindowSpec):
     """DeepSeek V4's sliding MLA (0.24). Parsed so it can be refused by name (KVP604)."""
 
     kind: Literal["SlidingWindowMLASpec"] = "SlidingWindowMLASpec"  # type: ignore[assignment]
+    head_size_v: int | None = Field(default=None, ge=0)
     cache_dtype_str: str | None = None
     alignment: int | None = Field(default=None, gt=0)
     compress_ratio: int = Field(default=1, gt=0)
@@ -392,7 +488,7 @@ class BindingOptions(_Frozen):
 
 
 class LegacyInputDocument(_Frozen):
-    """What kvplan plans a vLLM 0.22–0.24 binding from (one worker).
+    """What kvplan plans a vLLM 0.22–0.28 binding from (one worker).
 
     ``runner_only_attn_layers``: the V1 runner's set (KV sharers, encoder-only layers); a
     group layer in it owns no tensor. ``shared_kv_cache_layers``: sharer → target.

@@ -1,4 +1,7 @@
-"""Planning vLLM 0.22–0.24 bindings (``kvplan.input-legacy/1``): vanilla vLLM or kvcached.
+"""Planning vLLM 0.22–0.28 bindings (``kvplan.input-legacy/1``): vanilla vLLM or kvcached.
+
+Every strategy reproduces 0.24's runner; a document naming another ``shared_by`` release is
+planned the same way, and what that release binds differently is refused (``_checks``).
 
 Pure: no torch, no vLLM. ``plan_legacy`` raises :class:`KVPlanError` carrying every error;
 ``build_legacy_plan`` returns the plan (or None) and every diagnostic. Strategy options left

@@ -9,13 +9,18 @@ from kvplan.planner.legacy._resolve import Resolved, is_encoder_only
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.legacy import (
+    LEGACY_VLLM_RELEASES,
     LegacyAttentionSpec,
     LegacyKVQuantMode,
+    LegacyMambaSpec,
     LegacyMLAAttentionSpec,
+    LegacyRelease,
     LegacySlidingWindowMLASpec,
     LegacySpec,
     LegacyTQFullAttentionSpec,
     LegacyUniformTypeKVCacheSpecs,
+    _WithHeadSizeV,
+    legacy_release,
 )
 
 _GROUPS = "kv_cache_config.kv_cache_groups"
@@ -28,6 +33,9 @@ def check_legacy(r: Resolved, *, per_layer: bool = False) -> list[Diagnostic]:
     ``per_layer``: kvcached's per-layer pool layout, whose engine core counts one pool per
     tensor-backed layer (``scheduler_num_layers`` is checked against that count).
     """
+    out = release_problems(r)
+    if out:
+        return out
     out = _unsupported_specs(r)
     if out:
         return out
@@ -312,3 +320,126 @@ def _inflation(r: Resolved, count: int, per_layer: bool) -> str:
         other = "the noncontiguous/contiguous layouts'" if per_layer else "the per-layer layout's"
         return f"; {count} is {other} pool count"
     return ""
+
+
+# ---------------------------------------------------------------- the release's own rules
+
+
+def accepted_releases() -> str:
+    minors = list(LEGACY_VLLM_RELEASES)
+    return f"{minors[0]}–{minors[-1]}" if len(minors) > 1 else minors[0]
+
+
+def release_problems(r: Resolved) -> list[Diagnostic]:
+    """``KVP608`` for a release kvplan's legacy planner does not cover; ``KVP609`` for what
+    the named release cannot have produced; ``KVP610`` for what it binds unlike 0.24."""
+    version = r.doc.vllm_version
+    release = legacy_release(version)
+    if release is None:
+        return [
+            error(
+                Code.LEGACY_RELEASE_UNSUPPORTED,
+                "vllm_version",
+                f"vLLM {version} is not a release kvplan.input-legacy/1 covers: the legacy "
+                f"document describes the shared_by KVCacheTensor form of vLLM "
+                f"{accepted_releases()} (0.29+ place layers with layers/layer_stride)",
+                "capture vLLM 0.29+ as a kvplan.input/1 document (kvplan capture), or name "
+                "the vLLM release the document was captured from",
+            )
+        ]
+    return _mismatch(r, release) + _unmodelled(r, release)
+
+
+def _mismatch(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    fix = "name the vLLM release the document was captured from in vllm_version"
+    if not release.packed_tensors:
+        for t, tensor in enumerate(r.doc.kv_cache_config.kv_cache_tensors):
+            if tensor.block_stride or tensor.offset:
+                out.append(
+                    error(
+                        Code.LEGACY_RELEASE_MISMATCH,
+                        f"{_TENSORS}[{t}]",
+                        f"vLLM {release.minor}'s KVCacheTensor has no offset/block_stride "
+                        "(packed tensors came with 0.24), but this tensor is packed",
+                        fix,
+                    )
+                )
+    for g, spec in _group_leaves(r):
+        if isinstance(spec, LegacyAttentionSpec) and not release.state_content_pages:
+            extra = [
+                n for n in ("num_head_slots", "state_content_bytes") if getattr(spec, n) is not None
+            ]
+            if not isinstance(spec, _WithHeadSizeV) and spec.head_size_v is not None:
+                extra.append("head_size_v")
+            if extra:
+                out.append(
+                    error(
+                        Code.LEGACY_RELEASE_MISMATCH,
+                        f"{_GROUPS}[{g}].kv_cache_spec",
+                        f"{spec.kind} sets {', '.join(extra)}, which vLLM {release.minor}'s "
+                        f"{spec.kind} does not have (0.28 added them)",
+                        fix,
+                    )
+                )
+    return out
+
+
+def _unmodelled(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    fix = (
+        "plan this model with a vLLM release whose binding kvplan reproduces (see docs/versions.md)"
+    )
+
+    def refuse(where: str, what: str) -> None:
+        out.append(
+            error(
+                Code.LEGACY_RELEASE_UNMODELLED,
+                where,
+                f"vLLM {release.minor} {what}; kvplan's legacy planner reproduces 0.24's binding "
+                "and does not model this",
+                fix,
+            )
+        )
+
+    for g, spec in _group_leaves(r):
+        where = f"{_GROUPS}[{g}].kv_cache_spec"
+        if isinstance(spec, LegacyMambaSpec) and not release.mamba_state_views:
+            refuse(where, "binds a Mamba layer as one raw (blocks, 1, 1, page) view, not per state")
+        if not isinstance(spec, LegacyAttentionSpec):
+            continue
+        if not release.state_content_pages:
+            continue
+        if spec.num_head_slots is not None or spec.state_content_bytes is not None:
+            refuse(where, "sizes pages from the backend's num_head_slots/state_content_bytes")
+        elif not isinstance(spec, _WithHeadSizeV) and spec.head_size_v not in (
+            None,
+            spec.head_size,
+        ):
+            refuse(where, f"sizes {spec.kind} pages with head_size_v {spec.head_size_v}")
+        elif spec.kv_quant_mode.is_per_token_head:
+            refuse(where, f"budgets {spec.kv_quant_mode.name} scales outside the 0.24 page")
+        elif getattr(spec, "cache_dtype_str", None) == "fp8_ds_mla":
+            refuse(where, "sizes fp8_ds_mla pages from state_content_bytes")
+    if release.relayout_mixed_attention and not r.has_mamba:
+        dims = {
+            info.block_dim or 0
+            for name in r.backed_layers
+            if isinstance(r.spec_of(name), LegacyAttentionSpec)
+            and (info := r.attn_of.get(name)) is not None
+        }
+        if len(dims) > 1:
+            refuse(
+                "attn_groups",
+                "restrides attention caches whose groups disagree on block_dim "
+                f"({sorted(dims)}) to blocks-first",
+            )
+    return out
+
+
+def _group_leaves(r: Resolved) -> list[tuple[int, LegacySpec]]:
+    return [
+        (g, spec)
+        for g, group in enumerate(r.doc.kv_cache_config.kv_cache_groups)
+        for spec in _leaves(group.kv_cache_spec)
+    ]
