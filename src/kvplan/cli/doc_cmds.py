@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 "--strategy",
-                help="legacy (vLLM 0.22-0.24) documents: vanilla | kvcached "
+                help="legacy (vLLM 0.22-0.28) documents: vanilla | kvcached "
                 "(default: the document's binding.strategy)",
             ),
         ] = None,

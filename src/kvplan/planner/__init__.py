@@ -38,7 +38,7 @@ def build_plan(
     ``granularity`` (bytes) is the allocation granularity pools are checked against
     (``KVP308`` warning); 0 skips the check, e.g. for the ``torch`` backend.
     """
-    if isinstance(doc, LegacyInputDocument):  # vLLM 0.22-0.24: strategy from doc.binding
+    if isinstance(doc, LegacyInputDocument):  # vLLM 0.22-0.28: strategy from doc.binding
         from kvplan.planner.legacy import build_legacy_plan
 
         return build_legacy_plan(doc, granularity=granularity)
