@@ -38,8 +38,11 @@ ENGINE_ARGS = {
     "enable_prefix_caching": True,
     "seed": 0,
     "gpu_memory_utilization": 0.05,
-    "kv_cache_memory_bytes": 8 << 20,
+    "kv_cache_memory_bytes": 16 << 20,
+    "num_gpu_blocks_override": 256,
 }
+"""256 blocks: every model's pool is then a multiple of the 2 MiB VMM granularity. Else
+host-vmm warns (``KVP308``, the last chunk partly unused) and ``KVPLAN_STRICT=1`` refuses."""
 
 
 @dataclass(frozen=True)

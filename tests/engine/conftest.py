@@ -14,6 +14,7 @@ from tests.engine.cases import MODEL_CASES, run_model_case
 
 _HERE = Path(__file__).resolve().parent
 _RUNS: dict[str, harness.EngineRun] = {}
+_FAILED: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,9 +57,16 @@ def engine_run(
     report = _reporter(pytestconfig)
 
     def get(model: str) -> harness.EngineRun:
+        if model in _FAILED:  # a failed model fails each of its tests, without a rerun
+            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[model]}")
         if model not in _RUNS:
             report(f"engine: {model}: {len(MODEL_CASES[model].variants(Path()))} engines ...")
-            run = run_model_case(engine_python, model, tmp_path_factory.mktemp(f"engine-{model}"))
+            work = tmp_path_factory.mktemp(f"engine-{model}")
+            try:
+                run = run_model_case(engine_python, model, work)
+            except AssertionError as exc:
+                _FAILED[model] = str(exc)
+                raise
             report(f"engine: {model} done in {run.seconds:.0f} s")
             _RUNS[model] = run
         return _RUNS[model]

@@ -121,15 +121,16 @@ def install_break(kind: str | None) -> None:
 
 
 def _set_env(env: dict[str, str]) -> None:
-    for key in _KVPLAN_VARS + ("KVPLAN_STRICT",):
+    for key in (*_KVPLAN_VARS, "KVPLAN_STRICT"):
         os.environ.pop(key, None)
     os.environ.update(env)
 
 
 def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    from vllm.inputs import TokensPrompt
+
     from kvplan.integrations.vllm import plugin
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
     _set_env(env)

