@@ -108,6 +108,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
     ),
 }  # fmt: skip
 """Targets per supported ``major.minor`` vLLM version."""
+TARGETS["0.32"] = TARGETS["0.33"]  # temporary: replaced by the version adapters
 
 
 def version_key(version: str) -> str:
@@ -224,4 +225,3 @@ def resolve_all(version: str) -> tuple[list[Resolved], list[Diagnostic]]:
         if not r.ok
     ]
     return found, problems
-TARGETS["0.32"] = TARGETS["0.33"]  # temporary: replaced by the version adapters
