@@ -63,7 +63,7 @@ class ModelCase:
 MODEL_CASES = {
     "llama": ModelCase("llama", ("swap",)),
     "gemma4": ModelCase("gemma4", ("swap", "private-sharers")),
-    "gemma3n": ModelCase("gemma3n", ("swap", "private-sharers")),
+    "gemma3n": ModelCase("gemma3n", ("private-sharers",)),
 }
 """Every engine model case, by name (``tests.engine._models`` writes the configs)."""
 

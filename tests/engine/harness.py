@@ -213,7 +213,7 @@ def run_engines(
     max_tokens: int = 8,
     seed: int = 1234,
     gain: float = 2.0,
-    timeout: float = 900,
+    timeout: float = 3600,
 ) -> EngineRun:
     """Run every variant's engine in one driver process (in order); raise with the log tail."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -241,7 +241,9 @@ def run_engines(
         log = (done.stdout or "") + (done.stderr or "")
         code = done.returncode
     except subprocess.TimeoutExpired as exc:
-        log, code = str(exc.stderr or "") + f"\ntimed out after {timeout:.0f} s", -1
+        output = exc.stderr or b""
+        text = output.decode(errors="replace") if isinstance(output, bytes) else output
+        log, code = text + f"\ntimed out after {timeout:.0f} s", -1
     seconds = time.perf_counter() - started
     (workdir / "engine.log").write_text(log)
     if code != 0 or not result_path.is_file():
