@@ -9,12 +9,15 @@ warm-up engine, then ``--rounds`` rounds of vanilla, kvplan torch and kvplan hos
 in an order rotated every round. Start-up is ``LLM(...)`` (load, profile, KV cache, warm-up);
 generation is two greedy requests (80 and 73 prompt tokens, 6 new tokens each). Ratios are
 medians against vanilla measured in the same run. Target: start-up ≤ 1.05× with torch.
+Also printed: kvplan's own capture + plan + bind time per engine (its log line), the part of
+start-up kvplan adds, which stays readable when a busy machine makes the ratios noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -31,6 +34,20 @@ ARMS = {
     "torch": harness.kvplan_env("torch", "eager"),
     "host-vmm": harness.kvplan_env("host-vmm", "eager"),
 }
+
+
+def _bind_times(log: str) -> dict[str, float]:
+    """Per variant: the ms of kvplan's "runner bound ... in X ms" line (the driver announces
+    each variant before starting its engine)."""
+    found: dict[str, float] = {}
+    current = ""
+    for line in log.splitlines():
+        if line.startswith("driver: variant "):
+            current = line.split("driver: variant ", 1)[1].strip()
+        match = re.search(r"runner bound .* bytes in ([0-9.]+) ms", line)
+        if match and current:
+            found[current] = float(match.group(1))
+    return found
 
 
 def main() -> int:
@@ -70,6 +87,9 @@ def main() -> int:
         assert result["tokens"] == run.variants["warm-up"]["tokens"], name
         for key in ("startup_s", "generate_s"):
             times[arm][key].append(result[key])
+    bind_ms = _bind_times(run.log)
+    for arm in arms[1:]:
+        times[arm]["kvplan_bind_ms"] = [bind_ms[n] for n in run.variants if n.endswith(f":{arm}")]
     medians = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
     base = medians["vanilla"]
     print(f"model {args.model}, {args.rounds} rounds (medians; ratio vs vanilla, same run)")
@@ -80,6 +100,9 @@ def main() -> int:
             f"| {arm} | {m['startup_s']:.2f} | {m['startup_s'] / base['startup_s']:.2f} "
             f"| {m['generate_s']:.2f} | {m['generate_s'] / base['generate_s']:.2f} |"
         )
+    for arm in arms[1:]:
+        ms, startup = medians[arm]["kvplan_bind_ms"], medians[arm]["startup_s"]
+        print(f"{arm}: kvplan bind {ms:.1f} ms median ({ms / 10 / startup:.3f} % of start-up)")
     if args.json:
         args.json.write_text(json.dumps({"times": times, "medians": medians}, indent=1))
     return 0
