@@ -26,7 +26,9 @@ def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Pa
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
-    tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+    lines = (done.stdout + done.stderr).splitlines()
+    errors = [line for line in lines if line.startswith("E ")][:30]  # pytest's error lines
+    tail = "\n".join([*errors, "...", *lines[-15:]])
     assert done.returncode == 0, tail
     suite = ET.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
