@@ -3,7 +3,8 @@
 Every function kvplan wraps has the same signature and the same allocation code in 0.32 and
 0.33 (the V2 runner's ``initialize_kv_cache`` differs only in how it builds block tables,
 after the call kvplan checks). 0.32's ``KVCacheSpec`` lacks ``is_draft`` and its
-``MLAAttentionSpec`` lacks ``topk_buffer_width``.
+``MLAAttentionSpec`` lacks ``topk_buffer_width``. Neither release has 0.30–0.31's
+``MLAAttentionSpec.storage_block_size``.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ ADAPTER = VersionAdapter(
     absent_fields={
         "0.32": {
             "KVCacheSpec": {"is_draft": False},
-            "MLAAttentionSpec": {"topk_buffer_width": None},
+            "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
         },
+        "0.33": {"MLAAttentionSpec": {"storage_block_size": None}},
     },
     notes=__doc__ or "",
 )
