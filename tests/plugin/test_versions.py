@@ -95,7 +95,10 @@ def test_each_adapter_declares_its_release_targets(
             assert target.calls == ("allocate_kv_cache", "get_shared_kv_cache_layers")
         else:
             same = versions.adapter_for("0.33").target(target.name)  # type: ignore[union-attr]
-            assert target == same and target.handler is same.handler
+            assert target == same
+            # 0.29 has no has_layer_views: its allocate handler views every spec's layers.
+            if release != "0.29" or target.role != "allocate":
+                assert target.handler is same.handler
 
 
 def test_field_tables_of_the_older_releases() -> None:

@@ -9,7 +9,7 @@ after the call kvplan checks). 0.32's ``KVCacheSpec`` lacks ``is_draft`` and its
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.versions._adapter import (
@@ -21,6 +21,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     TENSORS,
     V1,
     V2,
+    Handler,
     Target,
     VersionAdapter,
 )
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
 # -- handlers: what each wrapper reads from vLLM's arguments ------------------------------
 
 
-def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, str]:
+def _sharing_map(
+    config: Any, ctx: CallContext | None, site: str, has_views: Callable[[Any], bool]
+) -> dict[str, str]:
     """The runner's sharing map; else derived from the config and the forward context
     (``allocate_kv_cache`` called without a runner)."""
     from kvplan.integrations.vllm import _refusals as refusals
@@ -44,7 +47,7 @@ def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, s
         name
         for group in config.kv_cache_groups
         if type(group.kv_cache_spec).__name__ != "EncoderOnlyAttentionSpec"
-        and group.kv_cache_spec.has_layer_views
+        and has_views(group.kv_cache_spec)
         for name in group.layer_names
         if name not in backed
     ]
@@ -65,17 +68,26 @@ def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, s
     return shared
 
 
-def allocate(runtime: Runtime, call: Call) -> Any:
-    """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
-    args = call.arguments
-    return runtime.allocate(
-        call,
-        config=args["kv_cache_config"],
-        device=args["device"],
-        layout=args["layout"],
-        kernel_block_sizes=args["kernel_block_sizes"],
-        derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site),
-    )
+def allocate_with(has_views: Callable[[Any], bool]) -> Handler:
+    """The ``allocate_kv_cache`` handler of a release where ``has_views(spec)`` tells whether
+    vLLM views a spec's layers (layers without views need no sharing map entry)."""
+
+    def allocate(runtime: Runtime, call: Call) -> Any:
+        """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
+        args = call.arguments
+        return runtime.allocate(
+            call,
+            config=args["kv_cache_config"],
+            device=args["device"],
+            layout=args["layout"],
+            kernel_block_sizes=args["kernel_block_sizes"],
+            derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site, has_views),
+        )
+
+    return allocate
+
+
+allocate = allocate_with(lambda spec: bool(spec.has_layer_views))
 
 
 def refuse_hisparse(runtime: Runtime, call: Call) -> Any:
