@@ -66,9 +66,16 @@ def via_v1(case: ModelCase, runner: Any = None, config: Any = None) -> Result:
 
 def via_v2(case: ModelCase) -> Result:
     """The V2 runner's ``init_kv_cache``, called by the name the V2 runner uses."""
+    import inspect
+
     import vllm.v1.worker.gpu.model_runner as v2
 
+    # vLLM 0.29's init_kv_cache first takes the runner's list it fills (runner_kv_caches).
+    lead: list[Any] = []
+    if "runner_kv_caches" in inspect.signature(v2.init_kv_cache).parameters:
+        lead.append([])
     kv = v2.init_kv_cache(
+        *lead,
         case.forward_context,
         case.runner_config(),
         CPU,

@@ -142,16 +142,18 @@ def test_host_vmm_is_not_claimed_without_memfd(doctor_env: pytest.MonkeyPatch) -
     assert "memfd_create" in report["backend"]["detail"]
 
 
-def test_unsupported_release_is_reported_with_its_differences(
+def test_release_whose_functions_differ_is_reported_with_the_difference(
     doctor_env: pytest.MonkeyPatch,
 ) -> None:
+    """0.33's code reported as 0.31: the 0.30–0.31 adapter expects init_kv_cache without
+    attn_groups, so doctor names that function and its signature instead of guessing."""
     import vllm
 
     doctor_env.setenv("KVPLAN_BACKEND", "torch")
     doctor_env.setattr(vllm, "__version__", "0.31.0")
     code, out = _doctor("--json")
     report = json.loads(out)
-    assert code == 2 and report["vllm"]["supported_range"] == "0.32–0.33"
-    locations = {p["location"] for p in report["problems"]}
-    assert "vllm.v1.worker.utils.allocate_kv_cache" in locations
-    assert report["adapter"] == "vllm-0.32-0.33"  # the newest adapter's targets, for comparison
+    assert code == 2 and report["vllm"]["supported_range"] == "0.29–0.33"
+    assert report["adapter"] == "vllm-0.30-0.31"
+    problems = {p["location"]: p["message"] for p in report["problems"]}
+    assert "attn_groups" in problems["vllm.v1.worker.gpu.attn_utils.init_kv_cache"]

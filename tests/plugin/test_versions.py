@@ -21,16 +21,119 @@ pytestmark = pytest.mark.vllm
 
 
 def test_registry_api() -> None:
-    (adapter,) = all_adapters()
-    assert adapter.releases == ("0.32", "0.33") and adapter.form == "placement"
-    assert adapter_for("0.33.0") is adapter and adapter_for("0.32.1rc1.dev4+g12") is adapter
-    for unsupported in ("0.28.0", "0.31.0", "0.34.0", "garbage"):
+    names = [a.name for a in all_adapters()]
+    assert names == ["vllm-0.29", "vllm-0.30-0.31", "vllm-0.32-0.33"]
+    adapter = adapter_for("0.33.0")
+    assert adapter is not None and adapter.releases == ("0.32", "0.33")
+    assert adapter.form == "placement"
+    assert adapter_for("0.32.1rc1.dev4+g12") is adapter
+    for release, name in (("0.29.0", "vllm-0.29"), ("0.30.1", "vllm-0.30-0.31")):
+        found = adapter_for(release)
+        assert found is not None and found.name == name and found.form == "placement"
+    assert adapter_for("0.31.0") is adapter_for("0.30.0")
+    for unsupported in ("0.28.0", "0.34.0", "garbage"):
         assert adapter_for(unsupported) is None
-    assert supported_range() == "0.32–0.33"
-    runners = {t.name: t.runner for t in adapter.targets if t.role in ("runner", "tensors")}
-    assert runners["vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache"] == "V1"
-    assert runners["vllm.v1.worker.gpu.model_runner.GPUModelRunner.initialize_kv_cache"] == "V2"
-    assert all(t.handler is not None for t in adapter.targets if t.patched)
+    assert supported_range() == "0.29–0.33"
+    for each in all_adapters():
+        runners = {t.name: t.runner for t in each.targets if t.role in ("runner", "tensors")}
+        assert runners["vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache"] == "V1"
+        assert runners["vllm.v1.worker.gpu.model_runner.GPUModelRunner.initialize_kv_cache"] == "V2"
+        assert all(t.handler is not None for t in each.targets if t.patched)
+
+
+_V2_INIT = "init_kv_cache"
+_COMMON = (
+    "vllm.v1.worker.utils.allocate_kv_cache",
+    "vllm.v1.worker.gpu_model_runner.allocate_kv_cache",
+    "vllm.v1.worker.gpu.attn_utils.allocate_kv_cache",
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache",
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors",
+    "vllm.v1.worker.gpu.model_runner.GPUModelRunner.initialize_kv_cache",
+    "vllm.v1.worker.gpu.attn_utils.init_kv_cache",
+    "vllm.v1.worker.gpu.model_runner.init_kv_cache",
+    "vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers",
+)
+
+
+@pytest.mark.parametrize(
+    ("release", "v2_init", "hisparse"),
+    [
+        (
+            "0.29",
+            "(runner_kv_caches, forward_context, kv_cache_config, device, kernel_block_sizes, "
+            "vllm_config, kv_cache_allocation_context)",
+            False,
+        ),
+        (
+            "0.31",
+            "(forward_context, kv_cache_config, device, kernel_block_sizes, vllm_config, "
+            "kv_cache_allocation_context, *block_tables)",
+            True,
+        ),
+        (
+            "0.33",
+            "(forward_context, kv_cache_config, device, kernel_block_sizes, vllm_config, "
+            "kv_cache_allocation_context, *block_tables, *attn_groups)",
+            True,
+        ),
+    ],
+)
+def test_each_adapter_declares_its_release_targets(
+    release: str, v2_init: str, hisparse: bool
+) -> None:
+    """The targets as read from each release's wheel (docs/integration.md): the same
+    allocation and runner functions; init_kv_cache's signature differs; 0.29 has no HiSparse."""
+    adapter = adapter_for(release)
+    assert adapter is not None
+    names = [t.name for t in adapter.targets]
+    assert set(_COMMON) <= set(names)
+    assert ("vllm.v1.hisparse.binding.allocate_kv_cache" in names) is hisparse
+    assert len(names) == len(_COMMON) + hisparse
+    for target in adapter.targets:
+        if target.qualname == _V2_INIT:
+            assert target.expected_signature == v2_init
+            assert target.calls == ("allocate_kv_cache", "get_shared_kv_cache_layers")
+        else:
+            same = versions.adapter_for("0.33").target(target.name)  # type: ignore[union-attr]
+            assert target == same
+            # 0.29 has no has_layer_views: its allocate handler views every spec's layers.
+            if release != "0.29" or target.role != "allocate":
+                assert target.handler is same.handler
+
+
+def test_field_tables_of_the_older_releases() -> None:
+    a29, a31, a33 = all_adapters()
+    assert a29.fields_absent_in("0.29.0") == {
+        "KVCacheConfig": {
+            "hash_block_size": None,
+            "cache_hit_alignment_tokens": None,
+            "hisparse_host_num_blocks": None,
+            "hisparse_host_block_stride": None,
+            "hisparse_shared_host_pool": False,
+            "kv_tp_replicas": 1,
+        },
+        "KVCacheTensor": {"host_resident": False},
+        "KVCacheGroupSpec": {"host_resident": False, "role": "DEFAULT"},
+        "KVCacheSpec": {"is_draft": False, "dcp_sharded": False, "block_stride_alignment": None},
+        "AttentionSpec": {"dcp_sharded": True, "max_tp_shards": None},
+        "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
+        "SlidingWindowMLASpec": {"bounded_replay": False},
+        "MambaSpec": {"prefill_checkpoint_alignment": None},
+    }
+    assert a31.fields_absent_in("0.31.0") == {
+        "KVCacheConfig": {"hash_block_size": None, "cache_hit_alignment_tokens": None},
+        "KVCacheSpec": {"is_draft": False},
+        "MLAAttentionSpec": {"topk_buffer_width": None},
+    }
+    in_030 = a31.fields_absent_in("0.30.0")
+    assert in_030["KVCacheConfig"]["kv_tp_replicas"] == 1
+    assert in_030["AttentionSpec"] == {"dcp_sharded": True, "max_tp_shards": None}
+    assert in_030["SlidingWindowMLASpec"] == {"bounded_replay": False}
+    assert "storage_block_size" not in in_030["MLAAttentionSpec"]  # 0.30-0.31 have it
+    for release in ("0.32.0", "0.33.0"):
+        assert a33.fields_absent_in(release)["MLAAttentionSpec"]["storage_block_size"] is None
+    assert set(a31.unmodelled_specs) == {"KpoolTailSpec"}
+    assert not a29.unmodelled_specs and not a33.unmodelled_specs
 
 
 @pytest.fixture
@@ -52,10 +155,10 @@ def test_a_new_release_is_one_new_module(extra_module: Path) -> None:
             """
         )
     )
-    assert [a.name for a in all_adapters()] == ["vllm-0.32-0.33", "vllm-0.34"]
+    assert [a.name for a in all_adapters()][-2:] == ["vllm-0.32-0.33", "vllm-0.34"]
     adapter = adapter_for("0.34.2")
     assert adapter is not None and adapter.name == "vllm-0.34"
-    assert supported_range() == "0.32–0.34"
+    assert supported_range() == "0.29–0.34"
 
 
 def test_two_modules_claiming_a_release_is_an_error(extra_module: Path) -> None:
@@ -69,18 +172,20 @@ def test_two_modules_claiming_a_release_is_an_error(extra_module: Path) -> None:
 @pytest.mark.parametrize(
     ("version", "function", "needle"),
     [
-        ("0.31.0", "vllm.v1.worker.utils.allocate_kv_cache", "storage_block_size"),
-        ("0.30.1", "vllm.v1.worker.gpu.attn_utils.init_kv_cache", "attn_groups"),
-        ("0.29.0", "vllm.v1.worker.utils.allocate_kv_cache", "num_blocks_of"),
+        ("0.31.0", "vllm.v1.worker.gpu.attn_utils.init_kv_cache", "*attn_groups"),
+        ("0.30.1", "vllm.v1.worker.gpu.model_runner.init_kv_cache", "*attn_groups"),
+        ("0.29.0", "vllm.v1.worker.gpu.attn_utils.init_kv_cache", "runner_kv_caches"),
     ],
 )
-def test_known_release_with_other_functions_is_refused_with_the_difference(
+def test_release_whose_functions_differ_is_refused_with_the_difference(
     version: str,
     function: str,
     needle: str,
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """0.33's code reported as an older release: that release's adapter expects its own
+    init_kv_cache, so the plugin refuses naming the function and the signature."""
     import vllm
 
     monkeypatch.setattr(vllm, "__version__", version)
@@ -90,7 +195,7 @@ def test_known_release_with_other_functions_is_refused_with_the_difference(
     locations = [d.location for d in info.value.diagnostics[1:]]
     assert function in locations
     message = str(info.value)
-    assert version in message and needle in message and "0.32–0.33" in message
+    assert version in message and needle in message
     assert not plugin.is_active()
 
 
@@ -177,3 +282,113 @@ def test_host_vmm_needs_a_working_memfd(
     with pytest.raises(KVPlanError, match="memfd_create"):
         load_plugin("host-vmm")
     assert not plugin.is_active()
+
+
+_DEEPSEEK = Path(__file__).parents[2] / "examples/golden/deepseek-ai__DeepSeek-V2-Lite/input.json"
+
+
+def _with_storage_block_size(document: Any, value: int | None, kernel: list[int] | None) -> Any:
+    config = document.kv_cache_config
+    group = config.kv_cache_groups[0]
+    spec = group.kv_cache_spec.model_copy(update={"storage_block_size": value})
+    groups = [group.model_copy(update={"kv_cache_spec": spec})]
+    return document.model_copy(
+        update={
+            "kv_cache_config": config.model_copy(update={"kv_cache_groups": groups}),
+            "kernel_block_sizes": kernel,
+        }
+    )
+
+
+def test_mla_storage_block_size_is_the_kernel_block_size_of_its_views() -> None:
+    """vLLM 0.30-0.31's allocate_kv_cache views an MLA spec with storage_block_size set in
+    blocks of that many tokens, whatever kernel_block_sizes says (hand-checked below)."""
+    import kvplan
+    from kvplan.planner import build_plan
+
+    document = kvplan.load_input(_DEEPSEEK)
+    num_blocks = document.kv_cache_config.num_blocks  # 155344 blocks of 16 tokens
+    plain, _ = build_plan(document)
+    assert plain is not None
+    assert plain.views[0].shape == [num_blocks, 1, 16, 576]
+    assert plain.views[0].stride == [9216, 576, 576, 1]  # block_stride 18432 B = 9216 bf16
+
+    for kernel in ([16], None):
+        stored, problems = build_plan(_with_storage_block_size(document, 8, kernel))
+        assert stored is not None and not [p for p in problems if p.is_error]
+        # 8-token views: twice the blocks, half the block stride, same bytes and offsets.
+        for view, before in zip(stored.views, plain.views, strict=True):
+            assert view.shape == [2 * num_blocks, 1, 8, 576]
+            assert view.stride == [4608, 576, 576, 1]
+            assert view.offset_bytes == before.offset_bytes
+    split, _ = build_plan(_with_storage_block_size(document, None, [8]))
+    assert split is not None and [v.shape for v in split.views] == [v.shape for v in stored.views]
+
+    bad, problems = build_plan(_with_storage_block_size(document, 5, [16]))
+    assert bad is None or any(p.is_error for p in problems)
+    assert any("5" in p.message for p in problems if p.is_error)
+
+
+def test_storage_block_size_is_written_only_when_set() -> None:
+    """Documents of releases without the field keep their bytes and fingerprints."""
+    import kvplan
+    from kvplan.schemas.canonical import fingerprint, to_json
+    from kvplan.schemas.loading import parse_input, parse_text
+
+    document = kvplan.load_input(_DEEPSEEK)
+    assert "storage_block_size" not in to_json(document)
+    unset = _with_storage_block_size(document, None, document.kernel_block_sizes)
+    assert fingerprint(unset) == fingerprint(document)
+    stored = _with_storage_block_size(document, 8, document.kernel_block_sizes)
+    assert '"storage_block_size": 8' in to_json(stored)
+    assert parse_input(parse_text(to_json(stored))) == stored
+
+
+def test_storage_block_size_cannot_be_rebuilt_on_a_release_without_it() -> None:
+    import kvplan
+    from kvplan.integrations.vllm import to_vllm
+
+    document = kvplan.load_input(_DEEPSEEK)
+    with pytest.raises(KVPlanError) as info:
+        to_vllm(_with_storage_block_size(document, 8, document.kernel_block_sizes))
+    assert info.value.code is Code.FIELD_NOT_IN_RELEASE
+    assert "storage_block_size" in str(info.value)
+
+
+def test_a_spec_class_the_release_has_and_kvplan_does_not_model_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
+
+    import vllm
+    from kvplan.integrations.vllm import capture
+
+    @dataclasses.dataclass(frozen=True)
+    class KpoolTailSpec(SlidingWindowSpec):  # stands in for 0.30-0.31's class of that name
+        pass
+
+    spec = KpoolTailSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sliding_window=128
+    )
+    config = KVCacheConfig(
+        num_blocks=8,
+        kv_cache_tensors=[
+            KVCacheTensor(size=1 << 20, layers=["a"], layer_stride=1 << 16, block_stride=1 << 12)
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(layer_names=["a"], kv_cache_spec=spec)],
+        kv_cache_layout="LBNHC",
+    )
+    monkeypatch.setattr(vllm, "__version__", "0.31.0")
+    with pytest.raises(KVPlanError) as info:
+        capture(config, shared_kv_cache_layers={})
+    assert info.value.code is Code.INTEGRATION
+    assert "KpoolTailSpec" in str(info.value) and "0.31.0" in str(info.value)
+    assert info.value.diagnostics[0].location == "kv_cache_config.kv_cache_groups[0].kv_cache_spec"

@@ -16,7 +16,7 @@ from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import Alias, Pool, View
-from kvplan.schemas.specs import Spec, layer_spec
+from kvplan.schemas.specs import MLAAttentionSpec, Spec, layer_spec
 
 POOL_NAME = "kv_cache"
 POOL_ALIGNMENT = 256
@@ -78,6 +78,10 @@ def bind(doc: InputDocument) -> Binding:
             continue
         assert layout is not None  # reported by check_input
         kernel = kbs[g] if kbs is not None and g < len(kbs) else None
+        if isinstance(spec, MLAAttentionSpec) and spec.storage_block_size is not None:
+            # vLLM 0.30-0.31 view an MLA spec's storage in storage_block_size-token blocks,
+            # whatever the group's kernel block size (the field exists only there).
+            kernel = spec.storage_block_size
         views = _tensor_views(
             t_index,
             tensor.layers,

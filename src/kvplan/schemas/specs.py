@@ -22,7 +22,9 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
+    model_serializer,
     model_validator,
 )
 
@@ -349,6 +351,23 @@ class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
     is_index_group_leader: bool = False
     non_causal_multi_token_decode: bool = False
     head_size_v: int | None = Field(default=0, ge=0)
+    storage_block_size: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "vLLM 0.30-0.31 only: the token width allocate_kv_cache views this spec's "
+            "storage with, instead of the group's kernel block size"
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_storage_block_size(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Written only when set: documents of releases without the field (0.29, 0.32+)
+        # keep their bytes and fingerprints.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("storage_block_size", 0) is None:
+            del data["storage_block_size"]
+        return data
 
 
 class HiddenStateCacheSpec(MLAAttentionSpec):

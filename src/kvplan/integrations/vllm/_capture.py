@@ -168,6 +168,32 @@ def worker_form(
     return dataclasses.replace(kv_cache_config, kv_cache_groups=groups), True
 
 
+def _refuse_unmodelled_specs(config: Any, adapter: VersionAdapter, version: str) -> None:
+    """``KVP501`` naming each spec class of the release that kvplan does not model."""
+    if not adapter.unmodelled_specs:
+        return
+    problems = []
+    for gid, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        inner = getattr(spec, "kv_cache_specs", None)
+        for each in inner.values() if isinstance(inner, Mapping) else (spec,):
+            kind = type(each).__name__
+            why = adapter.unmodelled_specs.get(kind)
+            if why is not None:
+                problems.append(
+                    error(
+                        Code.INTEGRATION,
+                        f"kv_cache_config.kv_cache_groups[{gid}].kv_cache_spec",
+                        f"vLLM {version}'s {kind} is {why}.",
+                        f"run this model without kvplan on vLLM {version} (unset "
+                        "KVPLAN_ENABLE), or on a release kvplan supports without that spec",
+                    )
+                )
+                break
+    if problems:
+        raise KVPlanError(problems)
+
+
 def capture(
     kv_cache_config: KVCacheConfig,
     *,
@@ -196,6 +222,7 @@ def capture(
                 "capture it with kvplan.integrations.vllm.legacy_capture",
             )
         )
+    _refuse_unmodelled_specs(kv_cache_config, adapter, version)
     config, appended = worker_form(kv_cache_config, shared_kv_cache_layers)
     data = encode_fields(config)
     if layout is not None:

@@ -89,6 +89,8 @@ class VersionAdapter:
     Such a field is not read from the release (kvplan's schema default applies) and is not
     passed to it; a document that sets it to anything else cannot be rebuilt there.
     """
+    unmodelled_specs: Mapping[str, str] = field(default_factory=dict)
+    """vLLM spec class name -> why kvplan cannot plan it: capture refuses it (``KVP501``)."""
     notes: str = ""
 
     def covers(self, version: str) -> bool:

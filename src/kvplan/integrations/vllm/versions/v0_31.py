@@ -1,53 +1,81 @@
-"""vLLM 0.29–0.31: the placement form, but wrapped functions kvplan was not written for.
+"""vLLM 0.30–0.31: the placement form; the V2 ``init_kv_cache`` has no ``attn_groups``.
 
-Compared from the released wheels' sources against 0.33 (see docs/integration.md). kvplan
-refuses these releases and names each difference; supporting one means an adapter whose
-handlers and planner geometry follow that code.
+Compared from the released wheels' sources against 0.33 (see docs/integration.md):
+
+- ``allocate_kv_cache``: same signature and loop as 0.33, plus one rule: an
+  ``MLAAttentionSpec`` (or subclass) whose ``storage_block_size`` is set is viewed in blocks
+  of ``storage_block_size`` tokens, whatever the group's kernel block size. The field is
+  captured with the spec and kvplan's planner applies the same rule (``MLAAttentionSpec.
+  storage_block_size`` in docs/formats.md), so the plan's views are vLLM's.
+- V1 ``initialize_kv_cache_tensors``: same signature; ``bind_kv_cache`` gets the dict itself
+  (no ``map_kv_caches_to_kernel_blocks`` / ``layer_kv_caches``). The dict the function
+  returns is, as in 0.33, ``allocate_kv_cache``'s plus vLLM's alias loop; it is what the
+  attention layers are bound to here, and it is checked against the plan as in 0.33.
+- V2 ``init_kv_cache``: no keyword-only ``attn_groups`` (its bound dict is the returned one
+  filtered to the forward context, no kernel-block mapping); HiSparse branch as in 0.33.
+- Fields: ``KVCacheConfig`` lacks ``hash_block_size`` and ``cache_hit_alignment_tokens``
+  (0.30 also ``kv_tp_replicas``); specs lack ``is_draft`` and MLA ``topk_buffer_width``;
+  0.30's specs also lack ``dcp_sharded``, ``block_stride_alignment``, ``max_tp_shards`` and
+  ``SlidingWindowMLASpec.bounded_replay``.
+- ``KpoolTailSpec`` (0.30–0.31 only) is not modelled by kvplan: a config holding one is
+  refused (KVP501).
 """
 
 from __future__ import annotations
 
-from kvplan.integrations.vllm.versions._adapter import PLACEMENT, Difference, RefusedReleases
+from kvplan.integrations.vllm.versions._adapter import (
+    PLACEMENT,
+    TENSORS,
+    V2,
+    Target,
+    VersionAdapter,
+)
+from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
+from kvplan.integrations.vllm.versions.v0_33 import v2_init
 
-_STORAGE_BLOCK = Difference(
-    "vllm.v1.worker.utils.allocate_kv_cache",
-    "an MLAAttentionSpec with storage_block_size overrides the kernel block size of its views "
-    "(kvplan's geometry follows 0.33, which has no storage_block_size)",
-    ("0.30", "0.31"),
-)
-_NUM_BLOCKS = Difference(
-    "vllm.v1.worker.utils.allocate_kv_cache",
-    "every tensor gets kv_cache_config.num_blocks and layers without views are reshaped too "
-    "(0.29; 0.33 uses num_blocks_of(tensor) and binds view-less layers to the raw buffer)",
-    ("0.29",),
-)
-_V2_NO_ATTN_GROUPS = Difference(
-    "vllm.v1.worker.gpu.attn_utils.init_kv_cache",
-    "no attn_groups parameter: the V2 runner binds the allocated tensors without mapping them "
-    "to kernel blocks (signature differs from 0.33's)",
-    ("0.30", "0.31"),
-)
-_V2_RUNNER_CACHES = Difference(
-    "vllm.v1.worker.gpu.attn_utils.init_kv_cache",
-    "takes runner_kv_caches, has no attn_groups and no HiSparse branch (signature differs "
-    "from 0.33's)",
-    ("0.29",),
-)
-_V1_NO_KERNEL_MAP = Difference(
-    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.initialize_kv_cache_tensors",
-    "binds the layers without map_kv_caches_to_kernel_blocks (what vLLM's dict holds differs "
-    "from 0.33)",
-    ("0.29", "0.30", "0.31"),
-)
+V2_INIT = (
+    "forward_context", "kv_cache_config", "device", "kernel_block_sizes", "vllm_config",
+    "kv_cache_allocation_context", "*block_tables",
+)  # fmt: skip
+"""0.33's signature without the keyword-only ``attn_groups``."""
 
-REFUSED = RefusedReleases(
-    releases=("0.29", "0.30", "0.31"),
+_V2_CALLS = ("allocate_kv_cache", "get_shared_kv_cache_layers")
+
+
+def _retarget(target: Target) -> Target:
+    """0.33's target, with 0.30–0.31's ``init_kv_cache`` signature where it applies."""
+    if target.qualname != "init_kv_cache":
+        return target
+    return Target(
+        target.module, target.qualname, V2_INIT, TENSORS, target.why, v2_init, V2, _V2_CALLS
+    )
+
+
+TARGETS = tuple(_retarget(t) for t in _TARGETS_0_33)
+
+_NOT_IN_0_31: dict[str, dict[str, object]] = {
+    "KVCacheConfig": {"hash_block_size": None, "cache_hit_alignment_tokens": None},
+    "KVCacheSpec": {"is_draft": False},
+    "MLAAttentionSpec": {"topk_buffer_width": None},
+}
+_NOT_IN_0_30: dict[str, dict[str, object]] = {
+    "KVCacheConfig": {**_NOT_IN_0_31["KVCacheConfig"], "kv_tp_replicas": 1},
+    "KVCacheSpec": {"is_draft": False, "dcp_sharded": False, "block_stride_alignment": None},
+    # AttentionSpec's own default for dcp_sharded (it overrides KVCacheSpec's).
+    "AttentionSpec": {"dcp_sharded": True, "max_tp_shards": None},
+    "MLAAttentionSpec": {"topk_buffer_width": None},
+    "SlidingWindowMLASpec": {"bounded_replay": False},
+}
+
+ADAPTER = VersionAdapter(
+    name="vllm-0.30-0.31",
+    releases=("0.30", "0.31"),
     form=PLACEMENT,
-    differences=(
-        _STORAGE_BLOCK,
-        _NUM_BLOCKS,
-        _V2_NO_ATTN_GROUPS,
-        _V2_RUNNER_CACHES,
-        _V1_NO_KERNEL_MAP,
-    ),
+    targets=TARGETS,
+    absent_fields={"0.30": _NOT_IN_0_30, "0.31": _NOT_IN_0_31},
+    unmodelled_specs={
+        "KpoolTailSpec": "a 0.30–0.31 attention spec (sliding window with retained tail "
+        "tokens) whose geometry kvplan does not model",
+    },
+    notes=__doc__ or "",
 )

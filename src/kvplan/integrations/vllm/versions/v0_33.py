@@ -3,12 +3,13 @@
 Every function kvplan wraps has the same signature and the same allocation code in 0.32 and
 0.33 (the V2 runner's ``initialize_kv_cache`` differs only in how it builds block tables,
 after the call kvplan checks). 0.32's ``KVCacheSpec`` lacks ``is_draft`` and its
-``MLAAttentionSpec`` lacks ``topk_buffer_width``.
+``MLAAttentionSpec`` lacks ``topk_buffer_width``. Neither release has 0.30–0.31's
+``MLAAttentionSpec.storage_block_size``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.versions._adapter import (
@@ -20,6 +21,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     TENSORS,
     V1,
     V2,
+    Handler,
     Target,
     VersionAdapter,
 )
@@ -30,7 +32,9 @@ if TYPE_CHECKING:
 # -- handlers: what each wrapper reads from vLLM's arguments ------------------------------
 
 
-def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, str]:
+def _sharing_map(
+    config: Any, ctx: CallContext | None, site: str, has_views: Callable[[Any], bool]
+) -> dict[str, str]:
     """The runner's sharing map; else derived from the config and the forward context
     (``allocate_kv_cache`` called without a runner)."""
     from kvplan.integrations.vllm import _refusals as refusals
@@ -43,7 +47,7 @@ def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, s
         name
         for group in config.kv_cache_groups
         if type(group.kv_cache_spec).__name__ != "EncoderOnlyAttentionSpec"
-        and group.kv_cache_spec.has_layer_views
+        and has_views(group.kv_cache_spec)
         for name in group.layer_names
         if name not in backed
     ]
@@ -64,17 +68,26 @@ def _sharing_map(config: Any, ctx: CallContext | None, site: str) -> dict[str, s
     return shared
 
 
-def allocate(runtime: Runtime, call: Call) -> Any:
-    """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
-    args = call.arguments
-    return runtime.allocate(
-        call,
-        config=args["kv_cache_config"],
-        device=args["device"],
-        layout=args["layout"],
-        kernel_block_sizes=args["kernel_block_sizes"],
-        derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site),
-    )
+def allocate_with(has_views: Callable[[Any], bool]) -> Handler:
+    """The ``allocate_kv_cache`` handler of a release where ``has_views(spec)`` tells whether
+    vLLM views a spec's layers (layers without views need no sharing map entry)."""
+
+    def allocate(runtime: Runtime, call: Call) -> Any:
+        """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
+        args = call.arguments
+        return runtime.allocate(
+            call,
+            config=args["kv_cache_config"],
+            device=args["device"],
+            layout=args["layout"],
+            kernel_block_sizes=args["kernel_block_sizes"],
+            derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site, has_views),
+        )
+
+    return allocate
+
+
+allocate = allocate_with(lambda spec: bool(spec.has_layer_views))
 
 
 def refuse_hisparse(runtime: Runtime, call: Call) -> Any:
@@ -196,8 +209,9 @@ ADAPTER = VersionAdapter(
     absent_fields={
         "0.32": {
             "KVCacheSpec": {"is_draft": False},
-            "MLAAttentionSpec": {"topk_buffer_width": None},
+            "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
         },
+        "0.33": {"MLAAttentionSpec": {"storage_block_size": None}},
     },
     notes=__doc__ or "",
 )

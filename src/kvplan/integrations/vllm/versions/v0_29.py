@@ -1,0 +1,97 @@
+"""vLLM 0.29: the first placement-form release; no HiSparse, no host-resident pools.
+
+Compared from the released wheel's sources against 0.33 (see docs/integration.md):
+
+- ``allocate_kv_cache``: same signature; every tensor gets ``kv_cache_config.num_blocks``
+  (there is no ``KVCacheConfig.num_blocks_of``) and every layer is viewed (there is no
+  ``has_layer_views``). Both agree with kvplan's 0.33 geometry for every config 0.29 can
+  build: without ``KVCacheTensor.host_resident`` every tensor has ``num_blocks`` blocks, and
+  every 0.29 spec has per-layer views (the view-less HiSparse specs do not exist). There is
+  no ``storage_block_size``.
+- V1 ``initialize_kv_cache_tensors``: same signature; ``bind_kv_cache`` gets the dict itself
+  (no kernel-block mapping, no ``kv_cache_groups``). The returned dict is
+  ``allocate_kv_cache``'s plus the alias loop, checked against the plan as in 0.33.
+- V2 ``init_kv_cache(runner_kv_caches, forward_context, kv_cache_config, device,
+  kernel_block_sizes, vllm_config, kv_cache_allocation_context=None)``: an extra leading
+  list it fills via ``bind_kv_cache``, no keyword-only parameters, no HiSparse branch; it
+  returns the allocated dict plus the aliases of ``get_shared_kv_cache_layers``.
+- No ``vllm.v1.hisparse`` package: there is no HiSparse allocation site to refuse.
+- Fields: ``KVCacheConfig`` lacks ``hash_block_size``, ``cache_hit_alignment_tokens``,
+  the ``hisparse_*`` fields and ``kv_tp_replicas``; ``KVCacheTensor`` lacks
+  ``host_resident``; ``KVCacheGroupSpec`` lacks ``host_resident`` and ``role``; specs lack
+  ``is_draft``, ``dcp_sharded``, ``block_stride_alignment``, ``max_tp_shards``, MLA
+  ``topk_buffer_width``, ``SlidingWindowMLASpec.bounded_replay`` and
+  ``MambaSpec.prefill_checkpoint_alignment``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvplan.integrations.vllm.versions._adapter import (
+    ALLOCATE,
+    HISPARSE,
+    PLACEMENT,
+    TENSORS,
+    V2,
+    Target,
+    VersionAdapter,
+)
+from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
+from kvplan.integrations.vllm.versions.v0_33 import allocate_with, v2_init
+
+V2_INIT = (
+    "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
+    "vllm_config", "kv_cache_allocation_context",
+)  # fmt: skip
+"""``init_kv_cache`` of 0.29: ``runner_kv_caches`` first, no keyword-only parameters."""
+
+_V2_CALLS = ("allocate_kv_cache", "get_shared_kv_cache_layers")
+
+
+allocate = allocate_with(lambda spec: True)
+"""0.29's specs have no ``has_layer_views``: its ``allocate_kv_cache`` views every layer."""
+
+
+def _retarget(target: Target) -> Target:
+    if target.role == ALLOCATE:
+        return dataclasses.replace(target, handler=allocate)
+    if target.qualname != "init_kv_cache":
+        return target
+    return Target(
+        target.module, target.qualname, V2_INIT, TENSORS, target.why, v2_init, V2, _V2_CALLS
+    )
+
+
+TARGETS = tuple(_retarget(t) for t in _TARGETS_0_33 if t.role != HISPARSE)
+
+ADAPTER = VersionAdapter(
+    name="vllm-0.29",
+    releases=("0.29",),
+    form=PLACEMENT,
+    targets=TARGETS,
+    absent_fields={
+        "0.29": {
+            "KVCacheConfig": {
+                "hash_block_size": None,
+                "cache_hit_alignment_tokens": None,
+                "hisparse_host_num_blocks": None,
+                "hisparse_host_block_stride": None,
+                "hisparse_shared_host_pool": False,
+                "kv_tp_replicas": 1,
+            },
+            "KVCacheTensor": {"host_resident": False},
+            "KVCacheGroupSpec": {"host_resident": False, "role": "DEFAULT"},
+            "KVCacheSpec": {
+                "is_draft": False,
+                "dcp_sharded": False,
+                "block_stride_alignment": None,
+            },
+            "AttentionSpec": {"dcp_sharded": True, "max_tp_shards": None},
+            "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
+            "SlidingWindowMLASpec": {"bounded_replay": False},
+            "MambaSpec": {"prefill_checkpoint_alignment": None},
+        },
+    },
+    notes=__doc__ or "",
+)
