@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
+    from kvplan.integrations.vllm.versions import EngineCorePlanning
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -366,6 +368,30 @@ class KVCachePlan:
     """Requests of ``max_model_len`` tokens that fit at once."""
 
 
+def engine_core_planning() -> EngineCorePlanning:
+    """The installed vLLM's engine-core planning steps, from its version adapter."""
+    import vllm
+    from kvplan.integrations.vllm.versions import adapter_for, all_adapters, supported_range
+    from kvplan.schemas.errors import Code, KVPlanError, error
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    adapter = adapter_for(version)
+    planning = adapter.engine_core_planning(version) if adapter else None
+    if planning is None:
+        replayed = ", ".join(r for a in all_adapters() for r in a.engine_core)
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                "vllm.__version__",
+                f"kvplan cannot replay the engine core's KV planning of vLLM {version} "
+                f"(it builds models with vLLM {replayed}; the plugin supports "
+                f"{supported_range()}).",
+                "install vLLM 0.33 (pip install 'kvplan[vllm]') to inspect models",
+            )
+        )
+    return planning
+
+
 def plan_kv_cache(
     vllm_config: VllmConfig, workers: Sequence[WorkerSpecs], available_memory: Sequence[int]
 ) -> KVCachePlan:
@@ -376,7 +402,6 @@ def plan_kv_cache(
         record_kv_cache_layout,
         resolve_kv_cache_layout,
     )
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
         get_kv_cache_capacity,
@@ -385,6 +410,7 @@ def plan_kv_cache(
     )
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
+    planning = engine_core_planning()
     kv_cache_specs = [dict(worker.specs) for worker in workers]
     cache_config = vllm_config.cache_config
     with set_current_vllm_config(vllm_config):
@@ -398,11 +424,10 @@ def plan_kv_cache(
             for w in workers
         ]
         layout = resolve_kv_cache_layout(vllm_config, supported, all_specs)
-        groups = get_global_kv_cache_groups(vllm_config, kv_cache_specs)
-        vllm_config.adjust_dcp_kv_cache_interleave_size(groups)
+        groups = planning.groups(vllm_config, kv_cache_specs)
         record_kv_cache_layout(cache_config, layout.name)
         memory = list(available_memory) if any(kv_cache_specs) else [0] * len(workers)
-        configs = get_kv_cache_configs(vllm_config, kv_cache_specs, memory, groups)
+        configs = planning.configs(vllm_config, kv_cache_specs, memory, groups)
         for config in configs:
             config.kv_cache_layout = cache_config.kv_cache_layout
         scheduler = generate_scheduler_kv_cache_config(configs)

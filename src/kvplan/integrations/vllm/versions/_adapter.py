@@ -74,6 +74,19 @@ class Target:
 
 
 @dataclass(frozen=True)
+class EngineCorePlanning:
+    """How a release's engine core turns the workers' specs into ``KVCacheConfig`` s.
+
+    ``kvplan inspect`` replays ``EngineCore._initialize_kv_caches`` with these two steps:
+    ``groups`` runs where the engine core forms its global groups before recording the layout
+    (``None`` where the release forms them inside ``configs``), ``configs`` where it plans.
+    """
+
+    groups: Callable[[Any, list[Any]], Any]
+    configs: Callable[[Any, list[Any], list[int], Any], list[Any]]
+
+
+@dataclass(frozen=True)
 class VersionAdapter:
     """One vLLM version family: everything release-specific kvplan needs to know."""
 
@@ -91,6 +104,9 @@ class VersionAdapter:
     """
     unmodelled_specs: Mapping[str, str] = field(default_factory=dict)
     """vLLM spec class name -> why kvplan cannot plan it: capture refuses it (``KVP501``)."""
+    engine_core: Mapping[str, EngineCorePlanning] = field(default_factory=dict)
+    """Per release: the engine core's planning steps (``kvplan inspect`` builds with them).
+    A release without an entry cannot be inspected (``KVP501``)."""
     notes: str = ""
 
     def covers(self, version: str) -> bool:
@@ -112,6 +128,10 @@ class VersionAdapter:
         from kvplan.integrations.vllm._capture import to_vllm
 
         return to_vllm(document, with_sharers=with_sharers, adapter=self)
+
+    def engine_core_planning(self, version: str) -> EngineCorePlanning | None:
+        """How ``version``'s engine core plans, or ``None`` if kvplan cannot replay it."""
+        return self.engine_core.get(version_key(version))
 
     def target(self, qualname: str) -> Target:
         """The target whose ``qualname`` (or ``module.qualname``) is given."""

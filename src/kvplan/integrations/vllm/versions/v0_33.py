@@ -21,6 +21,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     TENSORS,
     V1,
     V2,
+    EngineCorePlanning,
     Handler,
     Target,
     VersionAdapter,
@@ -201,6 +202,38 @@ TARGETS = (
     ),
 )  # fmt: skip
 
+
+def _groups_0_33(vllm_config: Any, kv_cache_specs: list[Any]) -> Any:
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+
+    groups = get_global_kv_cache_groups(vllm_config, kv_cache_specs)
+    vllm_config.adjust_dcp_kv_cache_interleave_size(groups)
+    return groups
+
+
+def _configs_0_33(
+    vllm_config: Any, kv_cache_specs: list[Any], memory: list[int], groups: Any
+) -> list[Any]:
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_configs
+
+    return list(get_kv_cache_configs(vllm_config, kv_cache_specs, memory, groups))
+
+
+def _no_groups(vllm_config: Any, kv_cache_specs: list[Any]) -> Any:
+    return None
+
+
+def _configs_0_32(
+    vllm_config: Any, kv_cache_specs: list[Any], memory: list[int], groups: Any
+) -> list[Any]:
+    # 0.32 forms the global groups inside get_kv_cache_configs (kv_cache_utils); typed as
+    # Any: the type checker sees the project's vLLM 0.33, where it moved.
+    import importlib
+
+    utils: Any = importlib.import_module("vllm.v1.core.kv_cache_utils")
+    return list(utils.get_kv_cache_configs(vllm_config, kv_cache_specs, memory))
+
+
 ADAPTER = VersionAdapter(
     name="vllm-0.32-0.33",
     releases=("0.32", "0.33"),
@@ -212,6 +245,10 @@ ADAPTER = VersionAdapter(
             "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
         },
         "0.33": {"MLAAttentionSpec": {"storage_block_size": None}},
+    },
+    engine_core={
+        "0.32": EngineCorePlanning(_no_groups, _configs_0_32),
+        "0.33": EngineCorePlanning(_groups_0_33, _configs_0_33),
     },
     notes=__doc__ or "",
 )
