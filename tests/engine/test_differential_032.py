@@ -18,7 +18,6 @@ from pathlib import Path
 
 from tests.engine.harness import ENGINE_ENV, ROOT
 
-
 LEFT_OUT = "llama4-chunked"
 """Needs torchvision (see the module docstring)."""
 

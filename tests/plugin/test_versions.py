@@ -20,10 +20,10 @@ from tests.plugin.conftest import LoadPlugin
 pytestmark = pytest.mark.vllm
 
 
-
 def _text(exc: KVPlanError) -> str:
     """Every diagnostic of ``exc``, rendered (the exception's own text is a bounded summary)."""
     return "\n".join(d.render() for d in exc.diagnostics)
+
 
 def test_registry_api() -> None:
     names = [a.name for a in all_adapters()]

@@ -157,11 +157,7 @@ GEMMA4_MOE = "google/gemma-4-26B-A4B"
 
 @pytest.mark.parametrize(
     ("model", "layout"),
-    [
-        (model, layout)
-        for model in _catalog_ids()
-        for layout in (None, "BLHNC")
-    ],
+    [(model, layout) for model in _catalog_ids() for layout in (None, "BLHNC")],
 )
 def test_full_size_catalog_models_match_vllm_on_meta(
     vllm_session: None, model: str, layout: str | None
