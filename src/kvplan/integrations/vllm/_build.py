@@ -31,6 +31,7 @@ number on the CPU (a 0-dim tensor mixes with tensors of any device); weights sta
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import socket
 import subprocess
@@ -153,6 +154,9 @@ def _init_parallel(vllm_config: VllmConfig, rank: int, init_method: str) -> None
         model_parallel_is_initialized,
     )
 
+    # vLLM's CPU worker names its process group after the init method before it joins it;
+    # 0.32's CPU communicator reads that name (0.33's no longer needs it).
+    os.environ.setdefault("VLLM_DIST_IDENT", init_method.rsplit(":", 1)[-1].rsplit("/", 1)[-1])
     tp = vllm_config.parallel_config.tensor_parallel_size
     with set_current_vllm_config(vllm_config):
         if not dist.is_initialized():
