@@ -266,12 +266,30 @@ def reviewed_plan_missing(path: object, why: str) -> KVPlanError:
 
 
 def reviewed_plan_differs(path: object, label: str, markdown: str, count: int) -> KVPlanError:
+    """``KVP503``. A diagnostic is a few lines at most, so the whole diff (``kvplan diff``
+    markdown) goes to vLLM's log, each line escaped; the diagnostic names the first changes."""
+    import logging
+
+    from kvplan.schemas.errors import printable
+
+    lines = [printable(line) for line in markdown.rstrip().splitlines()]
+    logging.getLogger("vllm.kvplan").error(
+        "kvplan: the live plan of %s differs from the reviewed plan %s (reviewed -> live):\n%s",
+        label,
+        printable(str(path)),
+        "\n".join(lines),
+    )
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| section")]
+    first = "; ".join(
+        " ".join(cell.strip() for cell in row.strip("|").split("|")) for row in rows[:3]
+    )
+    more = f" (and {count - 3} more)" if count > 3 else ""
     return KVPlanError(
         error(
             Code.REVIEWED_PLAN_DIFFERS,
             str(path),
             f"the live plan of {label} differs from the reviewed plan ({count} change(s), "
-            f"reviewed -> live):\n{markdown.rstrip()}\n",
+            f"reviewed -> live; the whole diff is in the log): {first}{more}",
             "review the change (`kvplan diff`) and update the reviewed plan, or start vLLM "
             f"with the reviewed settings, or unset {ENV_PLAN_DIR}",
         )
