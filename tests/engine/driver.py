@@ -139,7 +139,10 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         plugin.register()
     install_break(variant.get("break"))
     started = time.perf_counter()
-    llm = LLM(model=job["model"], **job["engine"])
+    engine = {**job["engine"], **variant.get("engine", {})}
+    if variant.get("expect_refusal"):
+        return _refusal(variant, lambda: LLM(model=job["model"], **engine))
+    llm = LLM(model=job["model"], **engine)
     startup_s = time.perf_counter() - started
     redrawn = _REDRAWN.pop() if _REDRAWN else 0
     params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True)
@@ -166,6 +169,30 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     del llm
     gc.collect()
     install_break(None)
+    return result
+
+
+def _refusal(variant: dict[str, Any], start: Any) -> dict[str, Any]:
+    """Start an engine that should refuse; record every diagnostic of the error chain."""
+    from kvplan.integrations.vllm import plugin
+    from kvplan.schemas.errors import KVPlanError
+
+    result: dict[str, Any] = {"name": variant["name"], "refused": False, "error": ""}
+    try:
+        llm = start()
+    except Exception as exc:  # the refusal under test
+        texts, seen = [], exc
+        while seen is not None:
+            if isinstance(seen, KVPlanError):
+                texts.extend(d.render() for d in seen.diagnostics)
+            else:
+                texts.append(f"{type(seen).__name__}: {seen}")
+            seen = seen.__cause__ or seen.__context__
+        result.update(refused=True, error="\n".join(texts))
+    else:
+        del llm
+    result.update(active=plugin.is_active(), stats=plugin.stats())
+    gc.collect()
     return result
 
 

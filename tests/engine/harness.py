@@ -169,9 +169,19 @@ class Variant:
     breakage: str | None = None
     """``swap`` (a layer given another layer's cache) or ``private-sharers`` (KV-sharing
     layers given private caches); test-only, done by the driver."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """Engine arguments that differ from the job's for this engine."""
+    expect_refusal: bool = False
+    """The engine is expected not to start: the driver records the error instead of tokens."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "env": self.env, "break": self.breakage}
+        return {
+            "name": self.name,
+            "env": self.env,
+            "break": self.breakage,
+            "engine": self.engine,
+            "expect_refusal": self.expect_refusal,
+        }
 
 
 def kvplan_env(
