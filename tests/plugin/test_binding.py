@@ -72,9 +72,11 @@ def test_gemma4_sharers_alias_their_targets(
     assert set(kv) == set(cache.plan.layers)
 
 
-def test_elastic_mode_maps_every_block(
+def test_elastic_mode_binds_only_the_null_block(
     model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
 ) -> None:
+    """Elastic mode backs vLLM's null block at bind; every other block is mapped when a step
+    first uses it. Unbacked bytes read as the scratch page (zeros), they never fault."""
     case = model_case("llama")
     vanilla, _ = via_v1(case)
     load_plugin("host-vmm", mode="elastic")
@@ -82,9 +84,10 @@ def test_elastic_mode_maps_every_block(
     assert describe(ours) == describe(vanilla)
     (cache,) = plugin.bound_caches()
     assert cache.mode == "elastic"
-    assert len(cache.mapped_blocks) == case.engine_config.num_blocks
+    assert cache.mapped_blocks == frozenset({0})
+    assert 0 < cache.mapped_bytes < cache.reserved_bytes // 8
     for tensor in ours.values():
-        tensor.fill_(1)  # every byte is mapped and writable
+        assert int(tensor.abs().sum()) == 0  # every byte readable: zeros
     del runner
 
 

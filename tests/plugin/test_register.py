@@ -36,11 +36,12 @@ def _value(target: Target) -> Any:
     return vars(holder)[attr] if owners else getattr(holder, attr)
 
 
-def _wrapped() -> dict[str, bool]:
+def _wrapped(elastic: bool = False) -> dict[str, bool]:
+    """Every site the plugin patches in that mode (elastic-only sites only in elastic mode)."""
     return {
         t.name: bool(getattr(_value(t), "__kvplan_wrapper__", False))
         for t in _targets()
-        if t.role != READ
+        if t.role != READ and (elastic or not t.elastic_only)
     }
 
 
@@ -57,10 +58,27 @@ def test_enabled_patches_every_site_both_runners(load_plugin: LoadPlugin) -> Non
     assert all(_wrapped().values()), _wrapped()
     assert plugin.check_patches() == []
     for target in _targets():
-        if target.role != READ:
+        if target.role != READ and not target.elastic_only:
             assert _value(target).__wrapped__ is originals[target.name]
+        if target.elastic_only:  # eager mode leaves the scheduler and workers' steps alone
+            assert _value(target) is originals[target.name]
     settings = plugin.active_settings()
     assert settings is not None and settings.backend == "torch"
+
+
+def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
+    load_plugin: LoadPlugin,
+) -> None:
+    elastic = {t.name for t in _targets() if t.elastic_only}
+    assert elastic == {
+        "vllm.v1.engine.core.generate_scheduler_kv_cache_config",
+        "vllm.v1.core.sched.scheduler.Scheduler.__init__",
+        "vllm.v1.core.sched.scheduler.Scheduler.schedule",
+        "vllm.v1.worker.gpu_worker.Worker.execute_model",
+    }
+    load_plugin("host-vmm", mode="elastic")
+    assert all(_wrapped(elastic=True).values()), _wrapped(elastic=True)
+    assert plugin.check_patches() == []
 
 
 def test_idempotent(load_plugin: LoadPlugin) -> None:

@@ -93,7 +93,9 @@ def test_each_adapter_declares_its_release_targets(
     names = [t.name for t in adapter.targets]
     assert set(_COMMON) <= set(names)
     assert ("vllm.v1.hisparse.binding.allocate_kv_cache" in names) is hisparse
-    assert len(names) == len(_COMMON) + hisparse
+    elastic = [t for t in adapter.targets if t.elastic_only]
+    assert adapter.elastic is (release == "0.33")  # elastic serving: vLLM 0.32-0.33 only
+    assert len(names) == len(_COMMON) + hisparse + len(elastic)
     for target in adapter.targets:
         if target.qualname == _V2_INIT:
             assert target.expected_signature == v2_init

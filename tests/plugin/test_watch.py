@@ -29,7 +29,8 @@ pytestmark = pytest.mark.vllm
 
 _ADAPTER = adapter_for("0.33")
 assert _ADAPTER is not None
-SITES = [t for t in _ADAPTER.targets if t.patched]
+SITES = [t for t in _ADAPTER.targets if t.patched and not t.elastic_only]
+ELASTIC_SITES = [t for t in _ADAPTER.targets if t.elastic_only]
 
 
 def _restore_original(monkeypatch: pytest.MonkeyPatch, module: str, qualname: str) -> None:
@@ -47,6 +48,17 @@ def test_check_patches_reports_an_unwrapped_site(
     target: Any, load_plugin: LoadPlugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     load_plugin("torch")
+    assert plugin.check_patches() == []
+    _restore_original(monkeypatch, target.module, target.qualname)
+    (problem,) = plugin.check_patches()
+    assert problem.code is Code.INTEGRATION and problem.location == target.name
+
+
+@pytest.mark.parametrize("target", ELASTIC_SITES, ids=[t.name for t in ELASTIC_SITES])
+def test_check_patches_reports_an_unwrapped_elastic_site(
+    target: Any, load_plugin: LoadPlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_plugin("host-vmm", mode="elastic")
     assert plugin.check_patches() == []
     _restore_original(monkeypatch, target.module, target.qualname)
     (problem,) = plugin.check_patches()

@@ -14,6 +14,12 @@ CUDA VMM                  host-vmm
 ``cuMemsetD8``            ``memset``
 ========================  =========================================================
 
+Unbacked ranges (``unbacked``): ``"fault"`` keeps them ``PROT_NONE``, so touching one faults
+(what a test of "no live block is ever unbacked" wants). ``"scratch"`` makes them private,
+anonymous, ``PROT_READ|PROT_WRITE`` and ``MAP_NORESERVE`` instead: a stray read returns zeros
+from the kernel's shared zero page and costs nothing, a stray write lands in a throwaway page —
+the CPU twin of kvcached's zero page (elastic serving: kernels may read blocks outside a step).
+
 Tensors are zero-copy: ``torch.frombuffer`` over a ctypes array at the reserved address.
 Like CUDA, an unmapped range must be a whole earlier mapping and a reservation may only be
 freed once nothing inside it is mapped; a violation raises instead of corrupting memory.
@@ -43,6 +49,8 @@ MAP_ANONYMOUS = 0x20
 MAP_NORESERVE = 0x4000
 MADV_POPULATE_WRITE = 23
 _MAP_FAILED = ctypes.c_void_p(-1).value
+UNBACKED_MODES = ("fault", "scratch")
+"""What touching an unmapped part of a reservation does (see the module docstring)."""
 
 _counter = itertools.count()
 
@@ -103,6 +111,9 @@ class HostVmmBackend(TrackedBackend):
     ``granularity``: the minimum mapping unit (default: the OS page size; pass 2 MiB to
     mimic CUDA). ``populate``: commit pages when access is granted
     (``madvise(MADV_POPULATE_WRITE)``, else touching them) instead of on first use.
+    ``unbacked``: what an unmapped part of a reservation does when touched — ``"fault"``
+    (``PROT_NONE``) or ``"scratch"`` (reads zeros, writes are thrown away); see the module
+    docstring.
     """
 
     name = "host-vmm"
@@ -128,6 +139,7 @@ class HostVmmBackend(TrackedBackend):
         granularity: int | None = None,
         populate: bool = False,
         assume_zeroed: bool = True,
+        unbacked: str = "fault",
     ) -> None:
         why = host_vmm_available()
         if why is not None:
@@ -143,7 +155,18 @@ class HostVmmBackend(TrackedBackend):
                     "use --backend cuda-vmm for GPUs or --backend torch",
                 )
             )
+        if unbacked not in UNBACKED_MODES:
+            raise KVPlanError(
+                error(
+                    Code.BACKEND_UNAVAILABLE,
+                    "backend.unbacked",
+                    f"host-vmm unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
+                    "pass unbacked='fault' or unbacked='scratch'",
+                )
+            )
         super().__init__()
+        self.unbacked = unbacked
+        self._unbacked_prot = PROT_RW if unbacked == "scratch" else PROT_NONE
         page = _mmap.PAGESIZE
         self._granularity = round_up(granularity or page, page)
         self._populate = populate
@@ -171,6 +194,9 @@ class HostVmmBackend(TrackedBackend):
         tail = raw + span - (base + size)
         if tail:
             self._c.munmap(base + size, tail)
+        if self._unbacked_prot != PROT_NONE and self._c.mprotect(base, size, self._unbacked_prot):
+            self._c.munmap(base, size)
+            raise BackendCallError("mprotect", f"scratch {base:#x}+{size}: {_errno_text()}")
         self._reservations[base] = size
         return base
 
@@ -237,7 +263,7 @@ class HostVmmBackend(TrackedBackend):
                 "mmap(MAP_FIXED|PROT_NONE)", f"{address:#x}+{size} is not one whole mapping"
             )
         flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE
-        if self._c.mmap(address, size, PROT_NONE, flags, -1, 0) != address:
+        if self._c.mmap(address, size, self._unbacked_prot, flags, -1, 0) != address:
             raise BackendCallError("mmap(MAP_FIXED|PROT_NONE)", _errno_text())
         del self._mappings[address]
 

@@ -25,12 +25,18 @@ _ATEXIT = False
 
 
 def _close_quietly(caches: list[BoundKVCache]) -> None:
+    from kvplan.integrations.vllm._elastic import detach_cache
+
     while caches:
         cache = caches.pop()
         try:
             cache.close()
         except Exception as exc:  # shutdown must go on; say what leaked
             logger.warning("kvplan: closing a KV cache failed: %s", exc)
+        try:
+            detach_cache(cache)  # elastic: the last stats snapshot
+        except Exception as exc:  # best effort at shutdown
+            logger.warning("kvplan: final elastic stats failed: %s", exc)
 
 
 def _close_owned(key: int, caches: list[BoundKVCache]) -> None:

@@ -10,9 +10,10 @@ import ctypes
 import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvplan.integrations.vllm._elastic import ElasticSettings, read_elastic_settings
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 
 ENV_ENABLE = "KVPLAN_ENABLE"
@@ -65,6 +66,8 @@ class Settings:
     strict: bool = False
     plan_dir: Path | None = None
     """Reviewed plans (``KVPLAN_PLAN_DIR``): a worker whose live plan differs refuses."""
+    elastic: ElasticSettings = field(default_factory=lambda: ElasticSettings())
+    """Elastic mode's limits and debug settings (read only when ``mode`` is elastic)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -74,6 +77,7 @@ class Settings:
             "dump_dir": None if self.dump_dir is None else str(self.dump_dir),
             "strict": self.strict,
             "plan_dir": None if self.plan_dir is None else str(self.plan_dir),
+            **({"elastic": self.elastic.as_dict()} if self.mode == "elastic" else {}),
         }
 
 
@@ -129,7 +133,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
                 f"point {ENV_PLAN_DIR} at a directory `kvplan golden` wrote, or unset it",
             )
         )
-    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir)
+    elastic = ElasticSettings()
+    if mode == "elastic":
+        elastic, bad_elastic = read_elastic_settings(env)
+        problems.extend(bad_elastic)
+    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir, elastic)
     return settings, problems
 
 

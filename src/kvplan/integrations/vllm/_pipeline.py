@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm import _refusals as refusals
+from kvplan.integrations.vllm._elastic import EngineCoreState
 from kvplan.integrations.vllm._patch_lifetime import keep, release_owner
 from kvplan.integrations.vllm._patch_settings import Settings
 from kvplan.schemas.errors import KVPlanError
 
 if TYPE_CHECKING:
     from kvplan.executor import BoundKVCache
+    from kvplan.integrations.vllm._elastic import SchedulerSide
     from kvplan.integrations.vllm.versions import Target, VersionAdapter
     from kvplan.schemas.input import InputDocument
     from kvplan.schemas.plan import BindingPlan
@@ -215,22 +217,34 @@ def placement_step(settings: Settings, ctx: CallContext | None, device: Any) -> 
 
 
 def bind_step(
-    settings: Settings, plan: BindingPlan, device: Any, ctx: CallContext | None
+    settings: Settings, plan: BindingPlan, device: Any, ctx: CallContext | None, label: str
 ) -> BoundKVCache:
     """Bind ``plan`` with the configured backend, verify it, and tie it to the runner."""
     from kvplan.executor import apply
 
     owner = ctx.owner if ctx else None
     release_owner(owner)  # the runner is replacing its cache
-    elastic = settings.mode == "elastic"
-    cache = apply(
-        plan, backend=settings.backend, device=str(device), mode="elastic" if elastic else "eager"
-    )
+    if settings.mode != "elastic":
+        cache = apply(plan, backend=settings.backend, device=str(device), mode="eager")
+    else:
+        from kvplan.integrations.vllm import _elastic as elastic
+
+        cache = apply(
+            plan,
+            backend=settings.backend,
+            device=str(device),
+            mode="elastic",
+            chunk_size=elastic.elastic_chunk_bytes(settings.backend),
+            unbacked="fault" if settings.elastic.poison else "scratch",
+        )
     try:
-        if elastic:
-            # vLLM's block pool does not report which blocks are in use: map them all.
-            cache.ensure_mapped(range(plan.source.num_blocks))
+        if settings.mode == "elastic":
+            # Block 0 is vLLM's null block: padding and dummy runs read it, it stays backed.
+            # Every other block is mapped when a step first uses it (``_elastic``).
+            cache.ensure_mapped([0])
         verify_step(plan, cache.tensors, "kvplan's binding", pools=cache.pools)
+        if settings.mode == "elastic":
+            elastic.attach_worker(owner, elastic.worker_side(cache, settings, label))
     except BaseException:
         cache.close()
         raise
@@ -258,6 +272,10 @@ class Runtime:
         self.vllm_version = vllm_version
         self.active = True
         self.stats: Counter[str] = Counter()
+        self.elastic_core = EngineCoreState()
+        """Elastic mode, engine core process: every rank's config (``_elastic``)."""
+        self.elastic_sides: list[SchedulerSide] = []
+        """Elastic mode, engine core process: the elastic block pools (one per engine)."""
         self._readers = dict(readers)
         self._unpatched = unpatched
 
@@ -308,7 +326,7 @@ class Runtime:
             if not profiling:
                 self._check_reviewed(plan, ctx, where)
                 placement_step(self.settings, ctx, device)
-                cache = bind_step(self.settings, plan, device, ctx)
+                cache = bind_step(self.settings, plan, device, ctx, where.label)
         except Exception as exc:
             cause = None if isinstance(exc, KVPlanError) else exc
             raise self.refuse(refusals.unexpected(exc, where, self.vllm_version)) from cause

@@ -294,3 +294,72 @@ def reviewed_plan_differs(path: object, label: str, markdown: str, count: int) -
             f"with the reviewed settings, or unset {ENV_PLAN_DIR}",
         )
     )
+
+
+# -- elastic serving ------------------------------------------------------------------------
+
+
+def elastic_unsupported(why: str) -> KVPlanError:
+    """``KVP530``: elastic serving cannot run in this engine."""
+    return KVPlanError(
+        error(
+            Code.ELASTIC_UNSUPPORTED,
+            "KVPLAN_MODE",
+            f"kvplan cannot serve this engine elastically: {why}.",
+            "set KVPLAN_MODE=eager (see docs/elastic.md for what elastic mode supports)",
+        )
+    )
+
+
+def elastic_release(version: str, adapter: str) -> Diagnostic:
+    """``KVP530`` at start-up: the release's adapter declares no elastic targets."""
+    return error(
+        Code.ELASTIC_UNSUPPORTED,
+        "KVPLAN_MODE",
+        f"kvplan serves vLLM {version} ({adapter}) only in eager mode; elastic serving needs "
+        "vLLM 0.32 or 0.33.",
+        "set KVPLAN_MODE=eager, or install vLLM 0.32/0.33",
+    )
+
+
+def elastic_geometry(label: str, scheduler: str, worker: str) -> KVPlanError:
+    """``KVP531``: the scheduler's page geometry is not this worker's."""
+    return KVPlanError(
+        error(
+            Code.ELASTIC_GEOMETRY,
+            f"{label}.elastic",
+            f"the scheduler planned block pages with fingerprint {scheduler} but {label} "
+            f"bound {worker}; the chunks it would map are not the ones the scheduler counts.",
+            "set KVPLAN_MODE=eager and report the model and settings (docs/elastic.md)",
+        )
+    )
+
+
+def elastic_map_failed(label: str, blocks: int, exc: KVPlanError) -> KVPlanError:
+    """``KVP532``: backing a step's blocks failed (the step's maps were rolled back)."""
+    first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
+    return KVPlanError(
+        [
+            error(
+                Code.ELASTIC_MAP_FAILED,
+                f"{label}.elastic",
+                f"{label} could not back the {blocks} blocks of a step; every map of the step "
+                f"was rolled back and the step is refused (no block runs unbacked): {first}",
+                "lower KVPLAN_MEMORY_LIMIT below the memory this device really has free",
+            ),
+            *exc.diagnostics,
+        ]
+    )
+
+
+def elastic_limit_too_small(limit: int, ledger: object) -> KVPlanError:
+    """``KVP533``: the memory limit cannot hold the null block and one more."""
+    return KVPlanError(
+        error(
+            Code.ELASTIC_LIMIT_TOO_SMALL,
+            "KVPLAN_MEMORY_LIMIT",
+            f"the elastic memory limit of {limit} bytes cannot back vLLM's null block and one "
+            "request block.",
+            "raise KVPLAN_MEMORY_LIMIT (the null block's chunks plus a few blocks' chunks)",
+        )
+    )

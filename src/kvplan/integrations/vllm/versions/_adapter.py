@@ -34,6 +34,8 @@ TENSORS = "tensors"
 """A runner-level function that allocates and aliases; vLLM's dict is checked against the plan."""
 READ = "read"
 """Not patched; the handlers call it."""
+ELASTIC = "elastic"
+"""Patched only in elastic mode: the scheduler's block pool and the workers' step entry."""
 
 V1 = "V1"
 V2 = "V2"
@@ -67,6 +69,11 @@ class Target:
     @property
     def patched(self) -> bool:
         return self.role != READ
+
+    @property
+    def elastic_only(self) -> bool:
+        """Resolved and wrapped only when the plugin runs in elastic mode."""
+        return self.role == ELASTIC
 
     @property
     def expected_signature(self) -> str:
@@ -132,6 +139,11 @@ class VersionAdapter:
     def engine_core_planning(self, version: str) -> EngineCorePlanning | None:
         """How ``version``'s engine core plans, or ``None`` if kvplan cannot replay it."""
         return self.engine_core.get(version_key(version))
+
+    @property
+    def elastic(self) -> bool:
+        """Whether kvplan can serve this family elastically (it declares elastic targets)."""
+        return any(t.elastic_only for t in self.targets)
 
     def target(self, qualname: str) -> Target:
         """The target whose ``qualname`` (or ``module.qualname``) is given."""

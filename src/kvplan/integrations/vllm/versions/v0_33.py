@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvplan.integrations.vllm import _elastic as elastic
 from kvplan.integrations.vllm.versions._adapter import (
     ALLOCATE,
+    ELASTIC,
     HISPARSE,
     PLACEMENT,
     READ,
@@ -202,6 +204,31 @@ TARGETS = (
     ),
 )  # fmt: skip
 
+ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older releases)
+    Target(
+        "vllm.v1.engine.core", "generate_scheduler_kv_cache_config", ("kv_cache_configs",),
+        ELASTIC, "elastic: every rank's KVCacheConfig, before the scheduler is built",
+        elastic.record_rank_configs,
+    ),
+    Target(
+        "vllm.v1.core.sched.scheduler", "Scheduler.__init__",
+        ("self", "vllm_config", "kv_cache_config", "structured_output_manager", "block_size",
+         "hash_block_size", "mm_registry", "include_finished_set", "log_stats"),
+        ELASTIC, "elastic: the block pool becomes elastic (ledger, budget)",
+        elastic.scheduler_init, None, ("KVCacheManager",),
+    ),
+    Target(
+        "vllm.v1.core.sched.scheduler", "Scheduler.schedule", ("self", "throttle_prefills"),
+        ELASTIC, "elastic: give memory back before, attach the step's map/unmap after",
+        elastic.schedule,
+    ),
+    Target(
+        "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
+        ELASTIC, "elastic: every rank maps the step's blocks before vLLM runs it",
+        elastic.execute_model, None, ("execute_model",),
+    ),
+)  # fmt: skip
+
 
 def _groups_0_33(vllm_config: Any, kv_cache_specs: list[Any]) -> Any:
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
@@ -238,7 +265,7 @@ ADAPTER = VersionAdapter(
     name="vllm-0.32-0.33",
     releases=("0.32", "0.33"),
     form=PLACEMENT,
-    targets=TARGETS,
+    targets=TARGETS + ELASTIC_TARGETS,
     absent_fields={
         "0.32": {
             "KVCacheSpec": {"is_draft": False},

@@ -1,0 +1,5 @@
+"""Elastic serving: physical KV memory that follows the blocks vLLM uses (no torch, no vLLM).
+
+``ledger``: which chunks back which blocks, the byte budget and what to give back (the
+scheduler side decides with it). See ``docs/elastic.md``.
+"""

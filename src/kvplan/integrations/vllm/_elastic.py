@@ -1,0 +1,750 @@
+"""Elastic serving in vLLM: the scheduler decides, every worker maps, in step order.
+
+Protocol (``docs/elastic.md``):
+
+1. **Engine core** (one ``BlockPool`` per engine, global block ids). When the engine core
+   forms the scheduler's config, kvplan keeps every rank's ``KVCacheConfig``; when the
+   ``Scheduler`` is built, kvplan plans rank 0's config (the same pure planner the workers
+   run), builds a :class:`~kvplan.elastic.ledger.Ledger` and turns the scheduler's block pool
+   into an elastic one (its class is swapped for a subclass: same object, same managers).
+   The pool then counts as free only the blocks it can back within ``KVPLAN_MEMORY_LIMIT``
+   (``get_num_free_blocks``), so vLLM's own admission check makes requests wait or be
+   preempted exactly as when it runs out of blocks; ``get_new_blocks`` hands out blocks that
+   fit and records which ones need memory. Before every ``schedule()`` the pool gives memory
+   back (:func:`~kvplan.elastic.ledger.trim`: prefix-cache entries above
+   ``KVPLAN_CACHE_LIMIT`` are evicted page by page, free pages above the reserve unbacked).
+2. **Transport**: after ``schedule()`` the step's :class:`ElasticOps` (blocks to unmap, then
+   blocks to map) ride on the ``SchedulerOutput`` every rank receives, in step order.
+3. **Workers**: first thing in ``Worker.execute_model``, each rank unmaps, then maps, from
+   the same plan — before vLLM zeroes, copies or runs anything in that step. Unmapping
+   synchronises the device first, and the blocks it names were free when the step was
+   scheduled, so every step that could still write them ran before (FIFO per rank).
+
+Unbacked memory reads as a scratch page (host-vmm: the zero page), never faults; with
+``KVPLAN_POISON=1`` it faults instead (a test that no live block is ever unbacked).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+
+if TYPE_CHECKING:
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.executor import BoundKVCache
+    from kvplan.integrations.vllm._patch_settings import Settings
+    from kvplan.integrations.vllm._pipeline import Call, Runtime
+
+logger = logging.getLogger("vllm.kvplan")
+
+ENV_MEMORY_LIMIT = "KVPLAN_MEMORY_LIMIT"
+ENV_CACHE_LIMIT = "KVPLAN_CACHE_LIMIT"
+ENV_RESERVE = "KVPLAN_RESERVE"
+ENV_POISON = "KVPLAN_POISON"
+ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
+
+OPS_ATTR = "kvplan_elastic"
+"""The ``SchedulerOutput`` attribute that carries a step's :class:`ElasticOps`."""
+
+CACHE_LIMIT_SHARE = 10
+"""Default ``KVPLAN_CACHE_LIMIT``: a tenth of the memory limit."""
+RESERVE_SHARE = 64
+"""Default ``KVPLAN_RESERVE``: 1/64 of the memory limit, at most :data:`RESERVE_MAX`."""
+RESERVE_MAX = 256 << 20
+LIMIT_POLL_SECONDS = 0.5
+"""How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
+STATS_PERIOD_SECONDS = 0.5
+"""A worker writes its stats file at most this often while figures change."""
+SAMPLED_BLOCKS = 64
+"""Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """``KVPLAN_MEMORY_LIMIT`` / ``KVPLAN_CACHE_LIMIT`` / ``KVPLAN_RESERVE`` (bytes; ``None``:
+    the default), ``KVPLAN_POISON`` and the test-only ``KVPLAN_DEBUG_SKIP_MAP``."""
+
+    limit: int | None = None
+    cache_limit: int | None = None
+    reserve: int | None = None
+    poison: bool = False
+    skip_map: int | None = None
+    """Test-only negative control: drop one block from the N-th map (1-based)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "memory_limit": self.limit,
+            "cache_limit": self.cache_limit,
+            "reserve": self.reserve,
+            "poison": self.poison,
+            "debug_skip_map": self.skip_map,
+        }
+
+
+def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
+    from kvplan.units import parse_size
+
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if raw == "0":
+        return 0
+    try:
+        return parse_size(raw)
+    except (ValueError, KVPlanError) as exc:
+        problems.append(
+            error(
+                Code.INTEGRATION,
+                name,
+                f"{name}={raw[:40]!r} is not a byte size ({exc}).",
+                f"write e.g. {name}=24GiB, 512MiB or 0",
+            )
+        )
+        return None
+
+
+def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list[Diagnostic]]:
+    """The elastic settings in ``env`` and every problem with them (``KVP501``)."""
+    problems: list[Diagnostic] = []
+    limit = _size(env, ENV_MEMORY_LIMIT, problems)
+    if limit == 0:
+        problems.append(
+            error(
+                Code.INTEGRATION,
+                ENV_MEMORY_LIMIT,
+                f"{ENV_MEMORY_LIMIT}=0 leaves no memory for the KV cache.",
+                f"give a byte size such as {ENV_MEMORY_LIMIT}=4GiB, or unset it",
+            )
+        )
+    cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
+    reserve = _size(env, ENV_RESERVE, problems)
+    poison_raw = env.get(ENV_POISON, "").strip().lower()
+    if poison_raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        problems.append(
+            error(
+                Code.INTEGRATION,
+                ENV_POISON,
+                f"{ENV_POISON}={env.get(ENV_POISON)!r} is neither on nor off.",
+                f"set {ENV_POISON}=1 or {ENV_POISON}=0",
+            )
+        )
+    skip_raw = env.get(ENV_DEBUG_SKIP_MAP, "").strip()
+    skip = None
+    if skip_raw:
+        if skip_raw.isdigit() and 0 < int(skip_raw) < 1 << 31:
+            skip = int(skip_raw)
+        else:
+            problems.append(
+                error(
+                    Code.INTEGRATION,
+                    ENV_DEBUG_SKIP_MAP,
+                    f"{ENV_DEBUG_SKIP_MAP}={skip_raw[:40]!r} is not a positive map number.",
+                    f"unset {ENV_DEBUG_SKIP_MAP} (it breaks the cache on purpose, for tests)",
+                )
+            )
+    poison = poison_raw in ("1", "true", "yes", "on")
+    return ElasticSettings(limit, cache_limit, reserve, poison, skip), problems
+
+
+def elastic_chunk_bytes(backend: str) -> int:
+    """The elastic mapping unit of ``backend``: its granularity (host-vmm: the OS page;
+    cuda-vmm: 2 MiB, the granularity of every current NVIDIA GPU)."""
+    if backend == "host-vmm":
+        import mmap
+
+        return mmap.PAGESIZE
+    return 2 << 20
+
+
+# -- the message ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ElasticOps:
+    """One step's memory operations, decided by the scheduler, applied by every worker.
+
+    Plain ints and tuples: it is pickled to workers in other processes.
+    """
+
+    seq: int
+    unmap: tuple[int, ...]
+    """Blocks to unback first (free, without cache entries, since the step was scheduled)."""
+    map: tuple[int, ...]
+    """Blocks to back before the step runs (newly handed out)."""
+    live_blocks: int
+    cached_blocks: int
+    limit_bytes: int
+    cache_limit_bytes: int
+    reserve_bytes: int
+    mapped_bytes: int
+    """What the scheduler's ledger counts as mapped after these operations."""
+    digest: str
+    """The scheduler's geometry fingerprint (see :func:`geometry_digest`)."""
+
+
+def sampled_blocks(num_blocks: int) -> list[int]:
+    if num_blocks <= 0:
+        return []
+    step = max(1, num_blocks // SAMPLED_BLOCKS)
+    return sorted({*range(0, num_blocks, step), num_blocks - 1})
+
+
+def geometry_digest(ledger: Ledger) -> str:
+    """Chunk size, pool reservations and the chunks of sampled blocks, hashed: the scheduler
+    and each worker compute it from their own plan and must agree."""
+    import hashlib
+
+    h = hashlib.sha256(f"{ledger.chunk_bytes};{ledger.reserved_bytes};".encode())
+    h.update(f"{ledger.num_blocks};{ledger.pool_names}".encode())
+    for b in sampled_blocks(ledger.num_blocks):
+        h.update(f"{b}:{ledger.chunks(b)};".encode())
+    return h.hexdigest()[:16]
+
+
+# -- scheduler side ---------------------------------------------------------------------------
+
+
+def default_limits(settings: ElasticSettings, reserved: int) -> tuple[int, int, int]:
+    """``(limit, cache_limit, reserve)`` in bytes, defaults applied."""
+    limit = settings.limit if settings.limit is not None else reserved
+    cache = settings.cache_limit if settings.cache_limit is not None else limit // CACHE_LIMIT_SHARE
+    reserve = (
+        settings.reserve if settings.reserve is not None else min(limit // RESERVE_SHARE, RESERVE_MAX)
+    )
+    return limit, cache, reserve
+
+
+class SchedulerSide:
+    """The engine core's elastic state: ledger, budget, the operations of the next step."""
+
+    def __init__(
+        self, ledger: Ledger, settings: ElasticSettings, pool: Any, dump_dir: Path | None
+    ) -> None:
+        self.ledger = ledger
+        self.settings = settings
+        self.pool = pool
+        self.dump_dir = dump_dir
+        self.limit, self.cache_limit, self.reserve = default_limits(
+            settings, ledger.reserved_bytes
+        )
+        self.digest = geometry_digest(ledger)
+        self.pending_map: list[int] = []
+        self.pending_unmap: list[int] = []
+        self.seq = 0
+        self.dirty = True
+        self.cached_blocks = 0
+        self._limit_stamp: float | None = None
+        self._limit_polled = 0.0
+        self._last_sent: tuple[int, ...] | None = None
+        self._warned_over = False
+        ledger.back([0])  # vLLM's null block: always backed (the workers map it at bind)
+
+    # -- budget ---------------------------------------------------------------------------
+    def tight(self) -> bool:
+        """Whether the limit can bind at all (below the whole reservation)."""
+        return self.limit < self.ledger.reserved_bytes
+
+    def headroom(self) -> int:
+        return self.limit - self.ledger.mapped_bytes
+
+    def free_ids(self) -> list[int]:
+        return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
+
+    def free_count(self, vanilla: int) -> int:
+        if not self.tight():
+            return vanilla
+        from kvplan.elastic.ledger import admit
+
+        return len(admit(self.ledger, self.free_ids(), self.headroom()))
+
+    def choose(self, wanted: int) -> list[int]:
+        from kvplan.elastic.ledger import admit
+
+        return admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+
+    def backed(self, block_ids: list[int]) -> None:
+        self.pending_map.extend(self.ledger.back(block_ids))
+
+    # -- between steps --------------------------------------------------------------------
+    def poll_limit(self) -> None:
+        """Pick up a new limit written by ``kvplan limit`` (at most every half second)."""
+        if self.dump_dir is None:
+            return
+        now = time.monotonic()
+        if now - self._limit_polled < LIMIT_POLL_SECONDS:
+            return
+        self._limit_polled = now
+        from kvplan.elastic.files import LIMIT_FILE, read_limit
+
+        try:
+            stamp = (self.dump_dir / LIMIT_FILE).stat().st_mtime
+        except OSError:
+            return
+        if stamp == self._limit_stamp:
+            return
+        self._limit_stamp = stamp
+        found = read_limit(self.dump_dir)
+        if found is None:
+            return
+        if isinstance(found, Diagnostic):
+            logger.warning("kvplan: elastic limit file ignored: %s", found.render())
+            return
+        floor = self.ledger.chunk_bytes
+        self.limit = max(int(found.limit_bytes), floor)
+        if found.cache_limit_bytes is not None:
+            self.cache_limit = int(found.cache_limit_bytes)
+        self.reserve = min(self.reserve, self.limit)
+        self.dirty = True
+        self._warned_over = False
+        logger.info(
+            "kvplan: elastic memory limit now %d bytes (cache limit %d)",
+            self.limit, self.cache_limit,
+        )  # fmt: skip
+
+    def before_schedule(self) -> None:
+        """Give memory back before the step allocates (see :func:`kvplan.elastic.ledger.trim`)."""
+        self.poll_limit()
+        if not self.dirty and self.ledger.mapped_bytes <= self.limit:
+            return
+        from kvplan.elastic.ledger import FreeBlock, trim
+
+        pool = self.pool
+        order = {b.block_id: i for i, b in enumerate(pool.free_block_queue.get_all_free_blocks())}
+        blocks = pool.blocks
+        free = [
+            FreeBlock(b, blocks[b].block_hash is not None, order.get(b, 0))
+            for b in self.ledger.backed
+            if b != 0 and blocks[b].ref_cnt == 0
+        ]
+        result = trim(
+            self.ledger, free, limit=self.limit, cache_limit=self.cache_limit,
+            reserve=self.reserve,
+        )  # fmt: skip
+        for b in result.evict:
+            pool._maybe_evict_cached_block(blocks[b])
+        self.pending_unmap.extend(result.unback)
+        self.cached_blocks = sum(1 for f in free if f.cached) - len(result.evict)
+        self.dirty = False
+        if self.ledger.mapped_bytes > self.limit and not self._warned_over:
+            self._warned_over = True
+            logger.warning(
+                "kvplan: %d bytes are mapped for blocks in use, above the elastic limit of %d "
+                "bytes; no new memory is mapped until requests finish or are preempted",
+                self.ledger.mapped_bytes, self.limit,
+            )  # fmt: skip
+
+    def ops(self) -> ElasticOps | None:
+        """The operations for the step just scheduled (``None`` when nothing changed)."""
+        pool = self.pool
+        live = pool.num_gpu_blocks - 1 - pool.free_block_queue.num_free_blocks
+        state = (live, self.cached_blocks, self.limit, self.cache_limit, self.reserve)
+        if not self.pending_map and not self.pending_unmap and state == self._last_sent:
+            return None
+        self.seq += 1
+        ops = ElasticOps(
+            seq=self.seq,
+            unmap=tuple(self.pending_unmap),
+            map=tuple(self.pending_map),
+            live_blocks=live,
+            cached_blocks=self.cached_blocks,
+            limit_bytes=self.limit,
+            cache_limit_bytes=self.cache_limit,
+            reserve_bytes=self.reserve,
+            mapped_bytes=self.ledger.mapped_bytes,
+            digest=self.digest,
+        )
+        self.pending_map, self.pending_unmap = [], []
+        self._last_sent = state
+        return ops
+
+
+class _ElasticPool:
+    """Mixed into the class of the scheduler's ``BlockPool`` (see :func:`make_elastic`)."""
+
+    _kvplan: SchedulerSide
+
+    def get_num_free_blocks(self) -> int:
+        vanilla: int = super().get_num_free_blocks()  # type: ignore[misc]
+        return self._kvplan.free_count(vanilla)
+
+    def get_new_blocks(self, num_blocks: int) -> list[Any]:
+        side = self._kvplan
+        if side.tight():
+            chosen = side.choose(num_blocks)
+            if len(chosen) >= num_blocks:  # else vLLM raises as when it runs out
+                queue = self.free_block_queue  # type: ignore[attr-defined]
+                picked = [self.blocks[b] for b in chosen]  # type: ignore[attr-defined]
+                for block in picked:
+                    queue.remove(block)
+                queue.prepend_n(picked)  # vLLM pops exactly these
+        got: list[Any] = super().get_new_blocks(num_blocks)  # type: ignore[misc]
+        side.backed([b.block_id for b in got])
+        return got
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        super().free_blocks(ordered_blocks)  # type: ignore[misc]
+        self._kvplan.dirty = True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        super().evict_blocks(block_ids)  # type: ignore[misc]
+        self._kvplan.dirty = True
+
+    def reset_prefix_cache(self) -> bool:
+        done: bool = super().reset_prefix_cache()  # type: ignore[misc]
+        self._kvplan.dirty = True
+        return done
+
+
+_POOL_CLASSES: dict[type, type] = {}
+
+
+def make_elastic(pool: Any, side: SchedulerSide) -> None:
+    """Turn vLLM's ``pool`` into an elastic pool in place (its managers keep the object)."""
+    base = type(pool)
+    cls = _POOL_CLASSES.get(base)
+    if cls is None:
+        cls = _POOL_CLASSES[base] = type(f"Elastic{base.__name__}", (_ElasticPool, base), {})
+    pool.__class__ = cls
+    pool._kvplan = side
+
+
+# -- worker side --------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerSide:
+    """One worker's elastic cache: applies the scheduler's operations, keeps the figures."""
+
+    cache: BoundKVCache
+    label: str
+    settings: ElasticSettings
+    dump_dir: Path | None
+    digest: str
+    backend: str
+    maps: int = 0
+    unmaps: int = 0
+    map_seconds: float = 0.0
+    unmap_seconds: float = 0.0
+    failed_maps: int = 0
+    steps: int = 0
+    map_calls: int = 0
+    live_blocks: int = 0
+    cached_blocks: int = 0
+    limit_bytes: int = 0
+    cache_limit_bytes: int = 0
+    reserve_bytes: int = 0
+    peak_mapped_bytes: int = 0
+    checked: bool = False
+    state: str = "bound"
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _reporter: StatsReporter | None = None
+
+    def apply(self, ops: ElasticOps) -> None:
+        from kvplan.integrations.vllm import _refusals as refusals
+
+        if not self.checked:
+            if ops.digest != self.digest:
+                raise refusals.elastic_geometry(self.label, ops.digest, self.digest)
+            self.checked = True
+        cache = self.cache
+        if ops.unmap:
+            before = sum(cache.mapped_chunks.values())
+            t0 = time.perf_counter()
+            cache.release_blocks(ops.unmap)
+            self.unmap_seconds += time.perf_counter() - t0
+            self.unmaps += before - sum(cache.mapped_chunks.values())
+        blocks = ops.map
+        if blocks:
+            self.map_calls += 1
+            if self.settings.skip_map == self.map_calls:  # test-only: break it on purpose
+                droppable = [b for b in blocks if b != 0]
+                if droppable:
+                    blocks = tuple(b for b in blocks if b != droppable[-1])
+                    logger.warning(
+                        "kvplan: %s skips mapping block %d (KVPLAN_DEBUG_SKIP_MAP)",
+                        self.label, droppable[-1],
+                    )  # fmt: skip
+            before = sum(cache.mapped_chunks.values())
+            t0 = time.perf_counter()
+            try:
+                cache.ensure_mapped(blocks)
+            except KVPlanError as exc:
+                self.failed_maps += 1
+                self.touch()
+                raise refusals.elastic_map_failed(self.label, len(blocks), exc) from exc
+            finally:
+                self.map_seconds += time.perf_counter() - t0
+            self.maps += sum(cache.mapped_chunks.values()) - before
+        self.live_blocks = ops.live_blocks
+        self.cached_blocks = ops.cached_blocks
+        self.limit_bytes = ops.limit_bytes
+        self.cache_limit_bytes = ops.cache_limit_bytes
+        self.reserve_bytes = ops.reserve_bytes
+        self.steps += 1
+        self.state = "running"
+        self.touch()
+
+    def touch(self) -> None:
+        mapped = self.cache.mapped_bytes
+        if mapped > self.peak_mapped_bytes:
+            self.peak_mapped_bytes = mapped
+        if self._reporter is not None:
+            self._reporter.changed()
+
+    def snapshot(self) -> Any:
+        from kvplan.elastic.files import ElasticStats
+
+        cache = self.cache
+        return ElasticStats(
+            engine=engine_name(self.dump_dir),
+            rank=int(self.label.removeprefix("rank") or 0),
+            pid=os.getpid(),
+            time=time.time(),
+            state=self.state,  # type: ignore[arg-type]
+            backend=self.backend,
+            chunk_bytes=cache.chunk_bytes,
+            num_blocks=cache.page_index.num_blocks,
+            reserved_bytes=cache.reserved_bytes,
+            mapped_bytes=0 if cache.closed else cache.mapped_bytes,
+            peak_mapped_bytes=self.peak_mapped_bytes,
+            limit_bytes=self.limit_bytes,
+            cache_limit_bytes=self.cache_limit_bytes,
+            reserve_bytes=self.reserve_bytes,
+            live_blocks=self.live_blocks,
+            cached_blocks=self.cached_blocks,
+            maps=self.maps,
+            unmaps=self.unmaps,
+            map_seconds=round(self.map_seconds, 6),
+            unmap_seconds=round(self.unmap_seconds, 6),
+            failed_maps=self.failed_maps,
+            steps=self.steps,
+        )
+
+    def start_reporting(self) -> None:
+        if self.dump_dir is not None:
+            self._reporter = StatsReporter(self)
+            self._reporter.write_now()
+
+    def closed(self) -> None:
+        """The cache was closed: one last snapshot."""
+        self.state = "closed"
+        if self._reporter is not None:
+            self._reporter.stop()
+
+
+def worker_side(cache: BoundKVCache, settings: Settings, label: str) -> WorkerSide:
+    """The elastic state of a worker that just bound ``cache`` (null block mapped)."""
+    from kvplan.elastic.ledger import Ledger
+
+    ledger = Ledger(cache.plan, cache.chunk_bytes, cache.chunk_bytes)
+    ledger.back([0])
+    side = WorkerSide(
+        cache=cache,
+        label=label,
+        settings=settings.elastic,
+        dump_dir=settings.dump_dir,
+        digest=geometry_digest(ledger),
+        backend=settings.backend,
+    )
+    limit, cache_limit, reserve = default_limits(settings.elastic, ledger.reserved_bytes)
+    side.limit_bytes, side.cache_limit_bytes, side.reserve_bytes = limit, cache_limit, reserve
+    side.touch()
+    return side
+
+
+def engine_name(dump_dir: Path | None) -> str:
+    """How ``kvplan top`` names this engine: ``KVPLAN_ENGINE_NAME``, else the dump dir's name."""
+    name = os.environ.get("KVPLAN_ENGINE_NAME", "").strip()
+    if name:
+        return name[:80]
+    return dump_dir.name if dump_dir is not None else "engine"
+
+
+class StatsReporter:
+    """Writes ``<dump dir>/rank<N>.stats.json`` atomically: at bind, within
+    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes."""
+
+    def __init__(self, side: WorkerSide) -> None:
+        self.side = side
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvplan-stats", daemon=True)
+        self._thread.start()
+
+    def changed(self) -> None:
+        self._dirty.set()
+
+    def write_now(self) -> None:
+        from kvplan.elastic.files import write_stats
+
+        side = self.side
+        if side.dump_dir is None:
+            return
+        try:
+            write_stats(side.dump_dir, side.snapshot())
+        except (OSError, KVPlanError) as exc:
+            logger.warning("kvplan: cannot write elastic stats: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._dirty.wait(STATS_PERIOD_SECONDS) and not self._stop.is_set():
+                self._dirty.clear()
+                self.write_now()
+                self._stop.wait(STATS_PERIOD_SECONDS)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        self._thread.join(timeout=2)
+        self.write_now()
+
+
+_WORKERS: dict[int, WorkerSide] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def attach_worker(owner: Any, side: WorkerSide) -> None:
+    """Register the elastic cache of runner ``owner`` (replacing an earlier one)."""
+    with _WORKERS_LOCK:
+        old = _WORKERS.pop(id(owner), None)
+        _WORKERS[id(owner)] = side
+    if old is not None and old is not side:
+        old.closed()
+    side.start_reporting()
+
+
+def worker_of(owner: Any) -> WorkerSide | None:
+    with _WORKERS_LOCK:
+        side = _WORKERS.get(id(owner))
+    if side is not None and side.cache.closed:
+        return None
+    return side
+
+
+def detach_cache(cache: BoundKVCache) -> None:
+    """The cache is being closed: final stats, forget its worker state."""
+    with _WORKERS_LOCK:
+        found = [k for k, s in _WORKERS.items() if s.cache is cache]
+        sides = [_WORKERS.pop(k) for k in found]
+    for side in sides:
+        side.closed()
+
+
+# -- handlers (named by the version adapters' ELASTIC targets) -------------------------------------
+
+
+@dataclass
+class EngineCoreState:
+    """What the engine core process saw: every rank's config (for the scheduler's plan)."""
+
+    rank_configs: list[Any] = field(default_factory=list)
+
+
+def record_rank_configs(runtime: Runtime, call: Call) -> Any:
+    """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config."""
+    configs = list(call.arguments["kv_cache_configs"])
+    runtime.elastic_core.rank_configs = configs
+    return call.run()
+
+
+def scheduler_init(runtime: Runtime, call: Call) -> Any:
+    """``Scheduler.__init__``: build the ledger and make the block pool elastic."""
+    from kvplan.integrations.vllm import _refusals as refusals
+
+    result = call.run()
+    scheduler = call.arguments["self"]
+    configs = runtime.elastic_core.rank_configs or [call.arguments["kv_cache_config"]]
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    if pool is None or not hasattr(pool, "free_block_queue"):
+        raise runtime.refuse(refusals.elastic_unsupported("the scheduler has no block pool"))
+    if not configs[0].kv_cache_tensors:
+        return result
+    try:
+        ledgers = [scheduler_ledger(runtime, config) for config in configs]
+        digests = {geometry_digest(ledger) for ledger in ledgers}
+        if len(digests) > 1:
+            raise refusals.elastic_unsupported(
+                "the ranks' KV caches have different block geometry (pipeline parallelism "
+                "gives each stage other layers); elastic serving needs one geometry"
+            )
+        ledger = ledgers[0]
+        if ledger.num_blocks != pool.num_gpu_blocks:
+            raise refusals.elastic_unsupported(
+                f"the plan has {ledger.num_blocks} blocks but the block pool "
+                f"{pool.num_gpu_blocks}"
+            )
+        side = SchedulerSide(ledger, runtime.settings.elastic, pool, runtime.settings.dump_dir)
+        if side.limit < ledger.mapped_bytes + max(ledger.cost(b) for b in (1, ledger.num_blocks - 1)):
+            raise refusals.elastic_limit_too_small(side.limit, ledger)
+    except KVPlanError as exc:
+        raise runtime.refuse(exc) from None
+    make_elastic(pool, side)
+    runtime.elastic_sides.append(side)
+    logger.info(
+        "kvplan: elastic block pool: %d blocks, %d bytes reserved, limit %d, cache limit %d, "
+        "reserve %d, chunk %d bytes",
+        ledger.num_blocks, ledger.reserved_bytes, side.limit, side.cache_limit, side.reserve,
+        ledger.chunk_bytes,
+    )  # fmt: skip
+    return result
+
+
+def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:
+    """Plan ``config`` as the workers do and index its pages (sharers own no memory)."""
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm._pipeline import plan_step
+
+    document = runtime.adapter.capture(
+        config,
+        shared_kv_cache_layers={},
+        metadata={"source": "kvplan vLLM plugin", "phase": "scheduler"},
+    )
+    plan, errors, _ = plan_step(document, runtime.settings)
+    if errors or plan is None:
+        raise KVPlanError(errors)
+    chunk = elastic_chunk_bytes(runtime.settings.backend)
+    return Ledger(plan, chunk, chunk)
+
+
+def schedule(runtime: Runtime, call: Call) -> Any:
+    """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
+    scheduler = call.arguments["self"]
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    side: SchedulerSide | None = getattr(pool, "_kvplan", None)
+    if side is None:
+        return call.run()
+    side.before_schedule()
+    output = call.run()
+    ops = side.ops()
+    if ops is not None:
+        setattr(output, OPS_ATTR, ops)
+    return output
+
+
+def execute_model(runtime: Runtime, call: Call) -> Any:
+    """``Worker.execute_model``: unmap, then map, this step's blocks; then run vLLM."""
+    ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+    if ops is not None:
+        worker = call.arguments["self"]
+        side = worker_of(getattr(worker, "model_runner", None))
+        if side is None:
+            from kvplan.integrations.vllm import _refusals as refusals
+
+            raise runtime.refuse(
+                refusals.elastic_unsupported("this worker received elastic operations but "
+                                             "bound no elastic KV cache")
+            )
+        side.apply(ops)
+    return call.run()
