@@ -23,7 +23,47 @@ import sys
 import time
 from typing import Any
 
-_KVPLAN_VARS = ("KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR")
+_KVPLAN_VARS = (
+    "KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR", "KVPLAN_MEMORY_LIMIT",
+    "KVPLAN_CACHE_LIMIT", "KVPLAN_RESERVE", "KVPLAN_POISON", "KVPLAN_DEBUG_SKIP_MAP",
+)  # fmt: skip
+
+_PREEMPTIONS: list[int] = [0]
+
+
+def count_preemptions() -> None:
+    """Count the scheduler's preemptions (test instrumentation: vLLM's own method, wrapped)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    preempt = Scheduler._preempt_request
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _PREEMPTIONS[0] += 1
+        return preempt(self, *args, **kwargs)
+
+    Scheduler._preempt_request = counted  # type: ignore[method-assign]
+
+
+def idle_step(llm: Any) -> None:
+    """One more engine-core step after every request finished, as a server's busy loop makes
+    (vLLM steps while it has finished requests to report); the offline LLM does not."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    if core is None:
+        raise SystemExit("driver: idle_step needs the in-process engine core")
+    core.step_fn()
+
+
+def dumped_stats(env: dict[str, str]) -> dict[str, Any]:
+    """``rank<N>.stats.json`` files of the variant's dump directory, by file name."""
+    folder = env.get("KVPLAN_DUMP_DIR")
+    if not folder or not os.path.isdir(folder):
+        return {}
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".stats.json"):
+            with open(os.path.join(folder, name)) as handle:
+                found[name] = json.load(handle)
+    return found
 
 
 def redraw_weights(model: Any, seed: int, gain: float) -> int:
@@ -149,12 +189,24 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
     tokens, cached = [], []
     started = time.perf_counter()
+    preempted = _PREEMPTIONS[0]
+    rounds = []
     for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
         outputs = llm.generate([prompts[i] for i in group], params, use_tqdm=False)
         for i, out in zip(group, outputs, strict=True):
             tokens.append((i, list(out.outputs[0].token_ids)))
             cached.append((i, int(out.num_cached_tokens or 0)))
+        rounds.append(
+            {
+                "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                "cached": [int(o.num_cached_tokens or 0) for o in outputs],
+            }
+        )
     generate_s = time.perf_counter() - started
+    if variant.get("idle_step"):
+        idle_step(llm)
+        time.sleep(1.5)  # the stats file follows within half a second
+    stats_files = dumped_stats(env)
     result = {
         "name": variant["name"],
         "tokens": [t for _, t in sorted(tokens)],
@@ -165,10 +217,14 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         "cached_tokens": [c for _, c in sorted(cached)],
         "startup_s": startup_s,
         "generate_s": generate_s,
+        "rounds": rounds,
+        "preemptions": _PREEMPTIONS[0] - preempted,
+        "stats_files": stats_files,
     }
     del llm
     gc.collect()
     install_break(None)
+    result["closed_stats_files"] = dumped_stats(env)
     return result
 
 
@@ -202,6 +258,7 @@ def main(argv: list[str]) -> int:
         job = json.load(handle)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     install_redraw(int(job.get("seed", 0)), float(job.get("gain", 1.0)))
+    count_preemptions()
     results = []
     for index, variant in enumerate(job["variants"]):
         print(f"driver: variant {variant['name']}", file=sys.stderr, flush=True)

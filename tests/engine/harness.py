@@ -173,6 +173,9 @@ class Variant:
     """Engine arguments that differ from the job's for this engine."""
     expect_refusal: bool = False
     """The engine is expected not to start: the driver records the error instead of tokens."""
+    idle_step: bool = False
+    """After generating, step the engine core once more (as a server does after requests
+    finish) and let the elastic stats file catch up."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +184,7 @@ class Variant:
             "break": self.breakage,
             "engine": self.engine,
             "expect_refusal": self.expect_refusal,
+            "idle_step": self.idle_step,
         }
 
 

