@@ -60,9 +60,9 @@ def variants(model: str, work: Path) -> list[Variant]:
 
 
 @pytest.fixture(scope="module")
-def elastic_run(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[
-    [str], EngineRun
-]:
+def elastic_run(
+    engine_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], EngineRun]:
     def get(model: str) -> EngineRun:
         if model not in _RUNS:
             work = tmp_path_factory.mktemp(f"elastic-{model}")

@@ -220,7 +220,9 @@ def default_limits(settings: ElasticSettings, reserved: int) -> tuple[int, int, 
     limit = settings.limit if settings.limit is not None else reserved
     cache = settings.cache_limit if settings.cache_limit is not None else limit // CACHE_LIMIT_SHARE
     reserve = (
-        settings.reserve if settings.reserve is not None else min(limit // RESERVE_SHARE, RESERVE_MAX)
+        settings.reserve
+        if settings.reserve is not None
+        else min(limit // RESERVE_SHARE, RESERVE_MAX)
     )
     return limit, cache, reserve
 
@@ -235,9 +237,7 @@ class SchedulerSide:
         self.settings = settings
         self.pool = pool
         self.dump_dir = dump_dir
-        self.limit, self.cache_limit, self.reserve = default_limits(
-            settings, ledger.reserved_bytes
-        )
+        self.limit, self.cache_limit, self.reserve = default_limits(settings, ledger.reserved_bytes)
         self.digest = geometry_digest(ledger)
         self.pending_map: list[int] = []
         self.pending_unmap: list[int] = []
@@ -689,8 +689,7 @@ def scheduler_init(runtime: Runtime, call: Call) -> Any:
         ledger = ledgers[0]
         if ledger.num_blocks != pool.num_gpu_blocks:
             raise refusals.elastic_unsupported(
-                f"the plan has {ledger.num_blocks} blocks but the block pool "
-                f"{pool.num_gpu_blocks}"
+                f"the plan has {ledger.num_blocks} blocks but the block pool {pool.num_gpu_blocks}"
             )
         side = SchedulerSide(ledger, runtime.settings.elastic, pool, runtime.settings.dump_dir)
         need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
@@ -714,9 +713,7 @@ def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
     """What one request of ``max_model_len`` tokens needs backed: its blocks in the group
     with the smallest block size, at the pool's mean bytes per block."""
     max_len = int(getattr(getattr(vllm_config, "model_config", None), "max_model_len", 0) or 0)
-    sizes = [
-        int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in config.kv_cache_groups
-    ]
+    sizes = [int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in config.kv_cache_groups]
     block_size = min((s for s in sizes if s > 0), default=0)
     if not max_len or not block_size or not ledger.num_blocks:
         return 0
@@ -766,8 +763,9 @@ def execute_model(runtime: Runtime, call: Call) -> Any:
             from kvplan.integrations.vllm import _refusals as refusals
 
             raise runtime.refuse(
-                refusals.elastic_unsupported("this worker received elastic operations but "
-                                             "bound no elastic KV cache")
+                refusals.elastic_unsupported(
+                    "this worker received elastic operations but bound no elastic KV cache"
+                )
             )
         side.apply(ops)
     return call.run()

@@ -103,9 +103,7 @@ def _activate() -> None:
         elastic = settings.mode == "elastic"
         if elastic and not adapter.elastic:
             problems.append(refusals.elastic_release(version, adapter.name))
-        found = [
-            versions.resolve(t) for t in adapter.targets if elastic or not t.elastic_only
-        ]
+        found = [versions.resolve(t) for t in adapter.targets if elastic or not t.elastic_only]
         problems.extend(refusals.target_unusable(version, r) for r in found if not r.ok)
     if problems:
         raise refusals.plugin_refused(version, problems)

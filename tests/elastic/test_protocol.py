@@ -1,0 +1,242 @@
+"""The elastic protocol's two sides on real parts: vLLM's own ``BlockPool`` (the installed
+release) made elastic, and a host-vmm cache applying the operations a step carries."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from kvplan.elastic.ledger import Ledger
+from kvplan.executor import apply
+from kvplan.executor.backends.faults import FaultyBackend
+from kvplan.executor.backends.host_vmm import HostVmmBackend
+from kvplan.integrations.vllm import _elastic as elastic
+from kvplan.integrations.vllm._elastic import (
+    ElasticOps,
+    ElasticSettings,
+    SchedulerSide,
+    WorkerSide,
+    geometry_digest,
+    make_elastic,
+    read_elastic_settings,
+)
+from kvplan.schemas.errors import Code, KVPlanError
+from tests.core import builders
+from tests.elastic.test_ledger import PAGE, plan_of
+
+NUM_BLOCKS = 64
+
+
+def _pool() -> Any:
+    from vllm.v1.core.block_pool import BlockPool
+
+    return BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
+
+
+def _side(**limits: int) -> tuple[Any, SchedulerSide, int]:
+    plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
+    ledger = Ledger(plan, PAGE)
+    block = sum(ledger.chunk_size(c) for c in ledger.chunks(1))  # 4 layers x 4 KiB
+    pool = _pool()
+    settings = ElasticSettings(
+        limit=limits.get("blocks", NUM_BLOCKS) * block + block,
+        cache_limit=limits.get("cache", 0),
+        reserve=limits.get("reserve", 0),
+    )
+    side = SchedulerSide(ledger, settings, pool, None)
+    make_elastic(pool, side)
+    return pool, side, block
+
+
+def _cache(pool: Any, block: Any, n: int) -> None:
+    """Give ``block`` a prefix-cache entry, as ``cache_full_blocks`` does."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    key = make_block_hash_with_group_id(bytes([n]) * 32, 0)  # type: ignore[arg-type]
+    pool._insert_block_hash(key, block, num_tokens=16)
+
+
+def test_a_tight_limit_is_vllms_own_admission_check() -> None:
+    pool, side, block = _side(blocks=4)
+    assert type(pool).__name__ == "ElasticBlockPool"  # same object, new class
+    assert pool.get_num_free_blocks() == 4  # vanilla: 63
+    got = pool.get_new_blocks(3)
+    assert [b.block_id for b in got] == [1, 2, 3]
+    assert side.ledger.mapped_bytes == 4 * block  # null block + 3
+    assert pool.get_num_free_blocks() == 1
+    with pytest.raises(ValueError):  # vLLM's own "cannot get N free blocks"
+        pool.get_new_blocks(2)
+    ops = side.ops()
+    assert ops is not None and ops.map == (1, 2, 3) and ops.unmap == ()
+    assert ops.live_blocks == 3 and ops.mapped_bytes == 4 * block
+    assert side.ops() is None  # nothing changed: nothing sent
+    assert pickle.loads(pickle.dumps(ops)) == ops  # it crosses to worker processes
+
+
+def test_default_limit_is_the_reservation_and_costs_nothing() -> None:
+    pool, side, _ = _side()
+    assert not side.tight()
+    assert pool.get_num_free_blocks() == NUM_BLOCKS - 1
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [1, 2]
+
+
+def test_freed_blocks_are_given_back_page_aware_and_cache_entries_first() -> None:
+    pool, side, block = _side(blocks=8, cache=block_bytes_of_one(), reserve=0)
+    got = pool.get_new_blocks(4)
+    side.ops()
+    for n, b in enumerate(got[:3]):
+        _cache(pool, b, n)  # three blocks hold prefix-cache entries
+    pool.free_blocks(reversed(got))
+    side.before_schedule()
+    ops = side.ops()
+    assert ops is not None
+    unbacked = set(ops.unmap)
+    # one cached block's pages fit under the cache limit; the others and the uncached one
+    # are given back; none of the unbacked blocks still has a cache entry
+    assert len(unbacked) == 3 and 4 in unbacked
+    assert all(pool.blocks[b].block_hash is None for b in unbacked)
+    kept = [b for b in (1, 2, 3) if b not in unbacked]
+    assert len(kept) == 1 and pool.blocks[kept[0]].block_hash is not None
+    assert side.ledger.mapped_bytes == 2 * block  # null block + the cached one
+    assert ops.cached_blocks == 1
+
+
+def block_bytes_of_one() -> int:
+    ledger = Ledger(plan_of(builders.llama(num_blocks=NUM_BLOCKS)), PAGE)
+    return sum(ledger.chunk_size(c) for c in ledger.chunks(1))
+
+
+def test_a_prefix_hit_on_a_cached_block_needs_no_map() -> None:
+    pool, side, _ = _side(blocks=8, cache=10**9)
+    (b,) = pool.get_new_blocks(1)
+    _cache(pool, b, 1)
+    pool.free_blocks([b])
+    side.before_schedule()
+    side.ops()
+    pool.touch([b])  # a later request hits the cached block
+    assert b.block_id in side.ledger.backed
+    assert side.ops() is None or side.ops() is None  # no map for a hit
+
+
+def test_limit_file_changes_the_budget(tmp_path: Any) -> None:
+    from kvplan.elastic.files import write_limit
+
+    pool, side, block = _side(blocks=8)
+    side.dump_dir = tmp_path
+    write_limit(tmp_path, 20 * block)
+    side._limit_polled = -1e9
+    side.before_schedule()
+    assert side.limit == 20 * block
+    assert pool.get_num_free_blocks() == 19
+
+
+def _worker(settings: ElasticSettings | None = None, backend: Any = "host-vmm") -> WorkerSide:
+    plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
+    cache = apply(plan, backend=backend, mode="elastic", chunk_size=PAGE)
+    cache.ensure_mapped([0])
+    ledger = Ledger(plan, cache.chunk_bytes)
+    return WorkerSide(
+        cache=cache, label="rank0", settings=settings or ElasticSettings(), dump_dir=None,
+        digest=geometry_digest(ledger), backend="host-vmm",
+    )  # fmt: skip
+
+
+def _ops(worker: WorkerSide, **kw: Any) -> ElasticOps:
+    fields: dict[str, Any] = dict(
+        seq=1, unmap=(), map=(), live_blocks=0, cached_blocks=0, limit_bytes=1 << 30,
+        cache_limit_bytes=0, reserve_bytes=0, mapped_bytes=0, digest=worker.digest,
+    )  # fmt: skip
+    fields.update(kw)
+    return ElasticOps(**fields)
+
+
+def test_worker_maps_then_unmaps_what_the_scheduler_says() -> None:
+    worker = _worker()
+    with worker.cache:
+        worker.apply(_ops(worker, map=(1, 2, 3), live_blocks=3))
+        assert worker.cache.mapped_blocks == {0, 1, 2, 3}
+        assert worker.maps == 12 and worker.live_blocks == 3  # 3 blocks x 4 layers, 4 KiB
+        worker.apply(_ops(worker, seq=2, unmap=(2, 3), map=(5,)))
+        assert worker.cache.mapped_blocks == {0, 1, 5}
+        assert worker.unmaps == 8 and worker.peak_mapped_bytes == 4 * 4 * PAGE
+
+
+def test_worker_refuses_another_geometry() -> None:
+    worker = _worker()
+    with worker.cache:
+        with pytest.raises(KVPlanError) as refused:
+            worker.apply(_ops(worker, digest="0" * 16, map=(1,)))
+        assert refused.value.code is Code.ELASTIC_GEOMETRY
+        assert worker.cache.mapped_blocks == {0}
+
+
+def test_a_failed_map_rolls_the_step_back_and_refuses_it() -> None:
+    inner = HostVmmBackend(unbacked="fault")
+    faulty = FaultyBackend(inner)
+    worker = _worker(backend=faulty)
+    faulty.fail_ops = {"map"}
+    with pytest.raises(KVPlanError) as refused:
+        worker.apply(_ops(worker, map=(1, 2)))
+    assert refused.value.code is Code.ELASTIC_MAP_FAILED
+    assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
+    assert worker.cache.mapped_blocks == {0} and worker.failed_maps == 1
+    worker.cache.close()
+
+
+def test_debug_skip_map_leaves_one_block_unbacked() -> None:
+    worker = _worker(ElasticSettings(skip_map=1))
+    with worker.cache:
+        worker.apply(_ops(worker, map=(1, 2, 3)))
+        assert worker.cache.mapped_blocks == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("env", "fields"),
+    [
+        ({}, {"limit": None, "cache_limit": None, "reserve": None, "poison": False}),
+        (
+            {"KVPLAN_MEMORY_LIMIT": "24GiB", "KVPLAN_CACHE_LIMIT": "0", "KVPLAN_POISON": "1"},
+            {"limit": 24 << 30, "cache_limit": 0, "poison": True},
+        ),
+        (
+            {"KVPLAN_RESERVE": "64MiB", "KVPLAN_DEBUG_SKIP_MAP": "3"},
+            {"reserve": 64 << 20, "skip_map": 3},
+        ),
+    ],
+)
+def test_settings(env: dict[str, str], fields: dict[str, Any]) -> None:
+    settings, problems = read_elastic_settings(env)
+    assert problems == []
+    for key, value in fields.items():
+        assert getattr(settings, key) == value
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"KVPLAN_MEMORY_LIMIT": "lots"},
+        {"KVPLAN_MEMORY_LIMIT": "0"},
+        {"KVPLAN_CACHE_LIMIT": "-1GiB"},
+        {"KVPLAN_POISON": "maybe"},
+        {"KVPLAN_DEBUG_SKIP_MAP": "first"},
+    ],
+)
+def test_bad_settings_are_refused(env: dict[str, str]) -> None:
+    _, problems = read_elastic_settings(env)
+    (problem,) = problems
+    assert problem.code is Code.INTEGRATION and problem.location == next(iter(env))
+
+
+def test_default_limits() -> None:
+    assert elastic.default_limits(ElasticSettings(), 64 << 30) == (
+        64 << 30,
+        (64 << 30) // 10,
+        256 << 20,
+    )
+    assert elastic.default_limits(ElasticSettings(limit=640 << 20), 1 << 40) == (
+        640 << 20,
+        64 << 20,
+        10 << 20,
+    )
