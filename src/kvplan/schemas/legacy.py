@@ -152,10 +152,6 @@ class LegacySpec(_Frozen):
         raise NotImplementedError
 
     @property
-    def storage_block_size(self) -> int:
-        return self.block_size
-
-    @property
     def is_attention(self) -> bool:
         return False
 
@@ -292,7 +288,7 @@ class _MLAPage:
         return self._mla_page()
 
     def _mla_real(self) -> int:
-        storage = self.block_size // self.compress_ratio
+        storage = self.storage_block_size
         if self.cache_dtype_str == "fp8_ds_mla":
             if self.model_version == "deepseek_v4":
                 return storage * 584
