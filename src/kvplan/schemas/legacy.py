@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from kvplan.schemas.dtypes import DType, itemsize
-from kvplan.schemas.specs import _by_name
+from kvplan.schemas.specs import by_name
 
 LEGACY_INPUT_FORMAT = "kvplan.input-legacy/1"
 KVCACHED_PAGE_SIZE = 2 << 20
@@ -112,7 +112,7 @@ class LegacyKVQuantMode(IntEnum):
         return self in (LegacyKVQuantMode.INT8_PER_TOKEN_HEAD, LegacyKVQuantMode.FP8_PER_TOKEN_HEAD)
 
 
-QuantField = Annotated[LegacyKVQuantMode, *_by_name(LegacyKVQuantMode)]
+QuantField = Annotated[LegacyKVQuantMode, *by_name(LegacyKVQuantMode)]
 
 
 class _Frozen(BaseModel):

@@ -59,7 +59,7 @@ FractionValue = Annotated[
 """vLLM's ``Fraction``: written as an int, or as ``"n/d"``."""
 
 
-def _by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
+def by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
     """Validator/serializer pair that writes an enum by member name (and reads name or value)."""
 
     def parse(value: object) -> Enum:
@@ -113,8 +113,8 @@ class SparseCacheRole(StrEnum):
     INDEXER = "indexer"
 
 
-KVQuantModeField = Annotated[KVQuantMode, *_by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
-SparseCacheRoleField = Annotated[SparseCacheRole, *_by_name(SparseCacheRole)]
+KVQuantModeField = Annotated[KVQuantMode, *by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
+SparseCacheRoleField = Annotated[SparseCacheRole, *by_name(SparseCacheRole)]
 
 
 class MultipleOf(BaseModel):
@@ -124,8 +124,8 @@ class MultipleOf(BaseModel):
     multiple_of: int = Field(gt=0)
 
 
-class _Spec(BaseModel):
-    """``KVCacheSpec``: the fields every spec has."""
+class KVCacheSpec(BaseModel):
+    """Base class of every spec model, named after vLLM's: the fields every spec has."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -202,7 +202,7 @@ class _Spec(BaseModel):
         return self.page_size_for_block(kernel)
 
 
-class _RawStorageSpec(_Spec):
+class _RawStorageSpec(KVCacheSpec):
     """A spec whose layers keep the raw backing buffer and lay it out themselves."""
 
     page_size: int = Field(gt=0)
@@ -236,7 +236,7 @@ class HiSparseResidentSpec(_RawStorageSpec):
     kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"
 
 
-class AttentionSpec(_Spec):
+class AttentionSpec(KVCacheSpec):
     """``AttentionSpec``: ``[B, H, N, C]`` pages with K and V packed in ``C``."""
 
     kind: Literal["AttentionSpec"] = "AttentionSpec"
@@ -322,7 +322,7 @@ class _AlignedMLA:
                 return padded
         return self.page_size_padded
 
-    if TYPE_CHECKING:  # provided by _Spec, which every user of this mixin also derives from
+    if TYPE_CHECKING:  # provided by KVCacheSpec, which every user of this mixin also derives from
 
         def unpadded_page_for(self, block_size: int) -> int: ...
 
@@ -418,7 +418,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     sink_len: int | None = Field(default=None, ge=0)
 
 
-class MambaSpec(_Spec):
+class MambaSpec(KVCacheSpec):
     """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
@@ -497,7 +497,7 @@ LeafSpec = Annotated[
 ]
 
 
-class UniformTypeKVCacheSpecs(_Spec):
+class UniformTypeKVCacheSpecs(KVCacheSpec):
     """One group of same-type layers with per-layer specs (block-outermost packing)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
@@ -517,14 +517,14 @@ class UniformTypeKVCacheSpecs(_Spec):
                 if value is None and isinstance(first, dict):
                     kind = first.get("kind")
                     value = kind not in ("MambaSpec", "HiSparseHotSpec", "HiSparseResidentSpec")
-                if isinstance(first, _Spec):
+                if isinstance(first, KVCacheSpec):
                     value = first.dcp_sharded
                 if value is not None:
                     data = {**data, "dcp_sharded": value}
         return data
 
     @property
-    def first_spec(self) -> _Spec:
+    def first_spec(self) -> KVCacheSpec:
         return next(iter(self.kv_cache_specs.values()))
 
     @property
@@ -580,18 +580,15 @@ SPEC_KINDS: tuple[str, ...] = (
     "UniformTypeKVCacheSpecs",
 )
 
-Spec = _Spec
-"""Base class of every spec model (vLLM's ``KVCacheSpec``)."""
 
-
-def layer_spec(group_spec: _Spec, layer: str) -> _Spec | None:
+def layer_spec(group_spec: KVCacheSpec, layer: str) -> KVCacheSpec | None:
     """The spec of ``layer`` in a group: itself, or its entry of a ``UniformTypeKVCacheSpecs``."""
     if isinstance(group_spec, UniformTypeKVCacheSpecs):
         return group_spec.kv_cache_specs.get(layer)
     return group_spec
 
 
-def base_kind(spec: _Spec) -> str:
+def base_kind(spec: KVCacheSpec) -> str:
     """The attention family used for alias compatibility (vLLM's ``get_kv_cache_spec_kind``)."""
     if isinstance(spec, UniformTypeKVCacheSpecs):
         kinds = {base_kind(s) for s in spec.kv_cache_specs.values()}
