@@ -87,3 +87,14 @@ def test_the_check_sees_private_imports() -> None:
         "kvplan.integrations.vllm",  # ... _pipeline (a private module of it)
         None,  # from kvplan.planner import build_plan
     ]
+
+
+def test_public_class_names_are_unique() -> None:
+    """Each public class name means one class across ``src/kvplan``."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(_module_name(path))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
