@@ -159,12 +159,19 @@ def test_register_backend() -> None:
 
 def test_register_backend_needs_capabilities() -> None:
     from kvplan.executor import BACKENDS, register_backend
+    from kvplan.executor.backends import TrackedBackend
 
     def factory(**kw: object) -> object:
         raise AssertionError("never called")
 
     with pytest.raises(TypeError, match="BackendInfo"):
         register_backend("bare", factory)  # type: ignore[arg-type]
+
+    class Undeclared(TrackedBackend):  # says nothing about what it can do
+        pass
+
+    with pytest.raises(TypeError, match="BackendInfo"):
+        register_backend("bare", Undeclared)
     assert "bare" not in BACKENDS
 
 

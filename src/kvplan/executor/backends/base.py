@@ -241,7 +241,8 @@ class TrackedBackend(CountedBackend):
 
     name = "tracked"
     device = "cpu"
-    info = BackendInfo(elastic=True, granularity_default=1, devices=(), plugin=False)
+    info: BackendInfo
+    """Declared by each concrete backend class (the registry refuses a class without it)."""
     reserve_commits = False
     fresh_memory_is_zero = False
     call_names: dict[str, str] = {}  # noqa: RUF012 - overridden per class, never mutated
