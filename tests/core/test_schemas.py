@@ -76,7 +76,7 @@ def test_mla_alignment_pads_the_page() -> None:
         state_content_bytes=656,
         alignment=576,
     )
-    assert spec.unpadded_page_size_bytes == 64 * 656
+    assert spec.page_size_for(padded=False) == 64 * 656
     assert spec.page_size_bytes == -(-64 * 656 // 576) * 576
 
 

@@ -136,24 +136,43 @@ def test_backend_instance_is_not_closed_by_cache() -> None:
     assert backend.live().clean
 
 
-def test_register_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvplan.executor import BACKENDS, register_backend
+def test_register_backend() -> None:
+    from kvplan.executor import BACKENDS, backend_info, register_backend
     from kvplan.executor.backends.meta import MetaBackend
 
-    monkeypatch.setitem(BACKENDS, "meta", BACKENDS["meta"])  # restore the registry after
     made: list[MetaBackend] = []
 
-    def factory(**kw: object) -> MetaBackend:
-        made.append(MetaBackend(granularity=1 << 16))
-        return made[-1]
+    class Custom(MetaBackend):
+        def __init__(self, **kw: object) -> None:
+            super().__init__(granularity=1 << 16)
+            made.append(self)
 
-    register_backend("custom", factory)
+    register_backend("custom", Custom)
     try:
+        assert backend_info("custom") is MetaBackend.info
         with apply(plans.llama_plan(), backend="custom") as cache:
             assert cache.backend is made[0] and cache.chunk_bytes == 2 << 20
     finally:
         BACKENDS.pop("custom")
     assert made[0].live().clean
+
+
+def test_register_backend_needs_capabilities() -> None:
+    from kvplan.executor import BACKENDS, register_backend
+    from kvplan.executor.backends import TrackedBackend
+
+    def factory(**kw: object) -> object:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="BackendInfo"):
+        register_backend("bare", factory)  # type: ignore[arg-type]
+
+    class Undeclared(TrackedBackend):  # says nothing about what it can do
+        pass
+
+    with pytest.raises(TypeError, match="BackendInfo"):
+        register_backend("bare", Undeclared)
+    assert "bare" not in BACKENDS
 
 
 def test_meta_backend_makes_meta_tensors() -> None:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from kvplan.planner.page_index import (
     MAX_RANGES_PER_ROW,
     PageIndex,
-    build_page_index,
     merge_ranges,
     range_bytes,
     row_template,
@@ -69,7 +68,7 @@ def test_row_template_caps_range_count() -> None:
 
 def test_layer_outermost_one_range_per_layer() -> None:
     plan = plans.llama_plan(layers=4, num_blocks=64)
-    index = build_page_index(plan)
+    index = PageIndex(plan)
     assert index.num_blocks == 64
     assert index.block_ranges(3) == {
         "kv": [(i * 64 * P + 3 * P, i * 64 * P + 4 * P) for i in range(4)]

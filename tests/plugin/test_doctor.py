@@ -57,12 +57,12 @@ def test_ready_when_enabled_with_an_available_backend(doctor_env: pytest.MonkeyP
 
 
 def test_text_report_disabled_by_default(doctor_env: pytest.MonkeyPatch) -> None:
-    from kvplan.integrations.vllm._patch_settings import backend_status
+    from kvplan.executor.backends import backend_class
 
     code, out = _doctor()
     assert "enabled         no (set KVPLAN_ENABLE=1)" in out
     assert "cuda-vmm" in out and "patch targets (vllm-0.32-0.33 adapter)" in out
-    if backend_status("cuda-vmm")[0]:
+    if backend_class("cuda-vmm").available() is None:
         assert code == 0 and "ready, but disabled" in out
     else:  # enabling would fail: say so now
         assert code == 2 and "KVPLAN_BACKEND" in out and "not usable" in out
@@ -125,7 +125,7 @@ def test_text_report_names_the_supported_range_and_installed_version(
     assert code == 0, out
     assert f"supports        vLLM {supported_range()}" in out
     assert f"vLLM            {vllm.__version__} installed" in out
-    assert "memfd_create works" in out and "verdict: ready:" in out
+    assert "host-vmm: available, the CPU twin of CUDA VMM" in out and "verdict: ready:" in out
 
 
 def test_host_vmm_is_not_claimed_without_memfd(doctor_env: pytest.MonkeyPatch) -> None:

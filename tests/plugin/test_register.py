@@ -133,12 +133,16 @@ def test_elastic_torch_is_refused(load_plugin: LoadPlugin) -> None:
     assert not any(_wrapped().values())
 
 
-def test_default_backend_needs_cuda(load_plugin: LoadPlugin) -> None:
-    from kvplan.integrations.vllm._patch_settings import backend_status
+def test_default_backend_needs_cuda(
+    load_plugin: LoadPlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvplan.executor.backends import backend_class
+    from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
 
-    usable, why = backend_status("cuda-vmm")
-    if usable:
-        pytest.skip("this machine has cuda-python and a CUDA driver")
+    why = backend_class("cuda-vmm").available()
+    if why is None:  # this machine has cuda-python and a driver: pretend it has not
+        why = "no CUDA driver library (libcuda.so.1) can be loaded"
+        monkeypatch.setattr(CudaVmmBackend, "available", classmethod(lambda cls: why))
     with pytest.raises(KVPlanError) as info:
         load_plugin(None)  # KVPLAN_BACKEND unset: cuda-vmm
     assert "cuda-vmm" in str(info.value) and why in str(info.value)

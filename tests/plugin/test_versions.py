@@ -277,16 +277,16 @@ def test_host_vmm_needs_a_working_memfd(
 ) -> None:
     import os
 
-    from kvplan.integrations.vllm._patch_settings import backend_status
+    from kvplan.executor.backends import backend_class
 
-    assert backend_status("host-vmm")[0]
+    assert backend_class("host-vmm").available() is None
 
     def no_memfd(name: str, flags: int = 0) -> int:
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "memfd_create", no_memfd)
-    usable, why = backend_status("host-vmm")
-    assert not usable and "memfd_create" in why and "not permitted" in why
+    why = backend_class("host-vmm").available()
+    assert why is not None and "memfd_create" in why and "not permitted" in why
     with pytest.raises(KVPlanError, match="memfd_create"):
         load_plugin("host-vmm")
     assert not plugin.is_active()

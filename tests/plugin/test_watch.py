@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +32,24 @@ _ADAPTER = adapter_for("0.33")
 assert _ADAPTER is not None
 SITES = [t for t in _ADAPTER.targets if t.patched and not t.elastic_only]
 ELASTIC_SITES = [t for t in _ADAPTER.targets if t.elastic_only]
+
+
+@pytest.fixture
+def host_vmm_2mib() -> Iterator[str]:
+    """host-vmm mapping in CUDA's 2 MiB granules, registered as ``host-vmm-2mib``: a CPU
+    backend whose plans are checked against 2 MiB (``KVP308``), as cuda-vmm's are."""
+    from kvplan.executor.backends import BACKENDS, register_backend
+    from kvplan.executor.backends.host_vmm import HostVmmBackend
+
+    class HostVmm2MiB(HostVmmBackend):
+        info = dataclasses.replace(HostVmmBackend.info, granularity_default=2 << 20)
+
+        def __init__(self, **options: Any) -> None:
+            super().__init__(granularity=2 << 20, **options)
+
+    register_backend("host-vmm-2mib", HostVmm2MiB)
+    yield "host-vmm-2mib"
+    del BACKENDS["host-vmm-2mib"]
 
 
 def _restore_original(monkeypatch: pytest.MonkeyPatch, module: str, qualname: str) -> None:
@@ -138,10 +157,10 @@ def test_runner_map_missing_a_sharer_is_refused(
 
 
 def test_strict_turns_warnings_into_refusals(
-    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin, host_vmm_2mib: str
 ) -> None:
     gemma, llama = model_case("gemma4-e2b"), model_case("llama")
-    load_plugin("host-vmm", strict=True)
+    load_plugin(host_vmm_2mib, strict=True)
     with pytest.raises(KVPlanError) as info:
         via_v2(gemma)  # its pool is not a multiple of the 2 MiB VMM granularity
     assert Code.POOL_NOT_GRANULAR in [d.code for d in info.value.diagnostics]
@@ -159,9 +178,9 @@ def test_strict_torch_backend_has_no_granularity_to_warn_about(
 
 
 def test_warnings_do_not_refuse_without_strict(
-    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin, caplog: Any
+    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin, caplog: Any, host_vmm_2mib: str
 ) -> None:
-    load_plugin("host-vmm")
+    load_plugin(host_vmm_2mib)
     with caplog.at_level("WARNING", logger="vllm.kvplan"):
         via_v2(model_case("gemma4-e2b"))
     assert "KVP308" in caplog.text

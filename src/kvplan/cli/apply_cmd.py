@@ -24,16 +24,20 @@ from kvplan.units import human_bytes
 Mode = Literal["eager", "elastic"]
 
 
-class BackendName(StrEnum):
-    meta = "meta"
-    torch = "torch"
-    host_vmm = "host-vmm"
-    cuda_vmm = "cuda-vmm"
-
-
 class ModeName(StrEnum):
     eager = "eager"
     elastic = "elastic"
+
+
+def check_backend(name: str) -> str:
+    """``--backend``: a name in the executor's registry (read when the command runs, so a
+    backend registered with ``register_backend`` is accepted); else a usage error."""
+    from kvplan.executor.backends import backend_names
+
+    known = backend_names()
+    if name not in known:
+        raise typer.BadParameter(f"{name!r} is not a backend; known: {', '.join(known)}")
+    return name
 
 
 def parse_size(text: str) -> int:
@@ -174,8 +178,14 @@ def apply_command(
         Path, typer.Argument(metavar="PLAN", help="plan file: .json, .yaml, .yml")
     ],
     backend: Annotated[
-        BackendName, typer.Option("--backend", "-b", help="memory backend")
-    ] = BackendName.cuda_vmm,
+        str,
+        typer.Option(
+            "--backend",
+            "-b",
+            callback=check_backend,
+            help="memory backend: a registered name (meta, torch, host-vmm, cuda-vmm, ...)",
+        ),
+    ] = "cuda-vmm",
     mode: Annotated[
         ModeName, typer.Option(help="eager: map everything; elastic: reserve only")
     ] = ModeName.eager,
@@ -197,7 +207,7 @@ def apply_command(
     block_ids = parse_blocks(blocks, bound) if blocks else []
     try:
         run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
-        stats, diags = _run(plan, backend.value, device, run_mode, chunk, block_ids)
+        stats, diags = _run(plan, backend, device, run_mode, chunk, block_ids)
     except KVPlanError:
         raise
     except Exception as exc:  # never a traceback: exit 2 with one paragraph

@@ -3,7 +3,8 @@
 Exit 0 when it can (enabled or not yet enabled), 2 when something would make vLLM refuse
 to start or silently skip kvplan: vLLM missing, an unsupported version, a changed patch
 target, the plugin hidden from vLLM's loader, a bad ``KVPLAN_*`` value, an unavailable
-backend (host-vmm is probed: ``os.memfd_create`` must work). The report goes to stdout either way.
+backend. Every backend the plugin can bind with is listed with its ``available()`` probe
+(host-vmm: ``os.memfd_create`` must work). The report goes to stdout either way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated
 import typer
 
 from kvplan.cli._output import EXIT_ERROR, print_json, stdout_console
-from kvplan.integrations.vllm._patch_doctor import ENTRY_POINT, GROUP, INSTALL_HINT, NAME, Report
+from kvplan.integrations.vllm.doctor import ENTRY_POINT, GROUP, INSTALL_HINT, NAME, Report
 
 
 def _render(report: Report) -> None:
@@ -46,6 +47,18 @@ def _render(report: Report) -> None:
     line("dump dir", str(settings["dump_dir"] or "-"))
     line("strict", "yes" if settings["strict"] else "no")
     line("plan dir", str(settings["plan_dir"] or "-"))
+    if report.backends:
+        console.print("backends (KVPLAN_BACKEND; * = configured)", markup=False)
+        width = max(len(row["name"]) for row in report.backends)
+        for row in report.backends:
+            mark = "*" if row["name"] == settings["backend"] else " "
+            state = "ok " if row["available"] else "N/A"
+            devices = "/".join(row["devices"]) or "any device"
+            modes = "eager, elastic" if row["elastic"] else "eager"
+            console.print(
+                f"  {mark} {row['name']:<{width}} {state} {devices}; {modes}; {row['detail']}",
+                markup=False,
+            )
     if report.targets:
         console.print(f"patch targets ({report.target_table} adapter)", markup=False)
         for row in report.targets:
@@ -71,7 +84,7 @@ def register(app: typer.Typer) -> None:
         Exit 0 if it can (enabled or not), 2 if something is in the way.
         """
         from kvplan.integrations.vllm import prepare_environment
-        from kvplan.integrations.vllm._patch_doctor import diagnose
+        from kvplan.integrations.vllm.doctor import diagnose
 
         prepare_environment(quiet=True)
         report = diagnose()

@@ -2,8 +2,9 @@
 
 ``apply(plan, backend=..., mode=...)`` returns a :class:`BoundKVCache`; ``verify(plan,
 tensors)`` proves a binding. Backends (``meta``, ``torch``, ``host-vmm``, ``cuda-vmm``)
-live in :mod:`kvplan.executor.backends`. Importing this package imports neither torch nor
-cuda-python; they load when a backend is created.
+live in :mod:`kvplan.executor.backends`, whose registry also says what each can do
+(``backend_info``) and which are registered (``backend_names``). Importing this package
+imports neither torch nor cuda-python; they load when a backend is created.
 """
 
 from kvplan.executor._apply import DEFAULT_CHUNK_BYTES, apply
@@ -13,6 +14,10 @@ from kvplan.executor.backends import (
     BACKENDS,
     Backend,
     BackendCallError,
+    BackendInfo,
+    backend_class,
+    backend_info,
+    backend_names,
     create_backend,
     register_backend,
 )
@@ -22,8 +27,12 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "Backend",
     "BackendCallError",
+    "BackendInfo",
     "BoundKVCache",
     "apply",
+    "backend_class",
+    "backend_info",
+    "backend_names",
     "create_backend",
     "register_backend",
     "verify",

@@ -14,7 +14,7 @@ from kvplan.executor._memory import PoolMemory, Transaction, failure, map_chunks
 from kvplan.executor._views import build_tensors
 from kvplan.executor.backends import create_backend
 from kvplan.executor.backends.base import Backend, next_pow2, round_up
-from kvplan.planner._text import num
+from kvplan.planner import num
 from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.loading import diagnostics_from_validation
 from kvplan.schemas.plan import BindingPlan

@@ -6,9 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvplan.planner._overlap import Budget, find_overlaps
-from kvplan.planner._plan_rules import RAW_STORAGE_KINDS, check_plan
-from kvplan.planner._text import num
+from kvplan.planner import RAW_STORAGE_KINDS, Budget, check_plan, find_overlaps, num
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 from kvplan.schemas.plan import BindingPlan, View
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from kvplan.planner._bind import POOL_NAME, bind
 from kvplan.planner._input_rules import check_input
-from kvplan.planner._plan_rules import VMM_GRANULARITY, check_plan
+from kvplan.planner._overlap import Budget, find_overlaps
+from kvplan.planner._plan_rules import RAW_STORAGE_KINDS, VMM_GRANULARITY, check_plan
+from kvplan.planner._text import num
 from kvplan.planner.diff import Change, PlanDiff, diff_plans
 from kvplan.schemas.canonical import fingerprint
 from kvplan.schemas.errors import Diagnostic, KVPlanError
@@ -18,11 +20,16 @@ from kvplan.schemas.plan import BindingPlan, Source, Summary
 
 __all__ = [
     "POOL_NAME",
+    "RAW_STORAGE_KINDS",
     "VMM_GRANULARITY",
+    "Budget",
     "Change",
     "PlanDiff",
     "build_plan",
+    "check_plan",
     "diff_plans",
+    "find_overlaps",
+    "num",
     "plan",
     "validate",
 ]

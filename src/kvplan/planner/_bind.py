@@ -16,7 +16,7 @@ from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import Alias, Pool, View
-from kvplan.schemas.specs import MLAAttentionSpec, Spec, layer_spec
+from kvplan.schemas.specs import KVCacheSpec, MLAAttentionSpec, layer_spec
 
 POOL_NAME = "kv_cache"
 POOL_ALIGNMENT = 256
@@ -106,7 +106,7 @@ def _tensor_views(
     t_index: int,
     layers: list[str],
     group: int,
-    spec: Spec,
+    spec: KVCacheSpec,
     num_blocks: int,
     layout: KVCacheLayout,
     layer_stride: int,

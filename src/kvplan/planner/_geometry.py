@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from kvplan.planner._text import num, nums
 from kvplan.schemas.layout import DIM_B, DIM_L, KVCacheLayout
-from kvplan.schemas.specs import Spec
+from kvplan.schemas.specs import KVCacheSpec
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TensorGeometry:
 
 
 def layer_shape_bytes(
-    spec: Spec, num_blocks: int, kernel_block_size: int | None
+    spec: KVCacheSpec, num_blocks: int, kernel_block_size: int | None
 ) -> tuple[int, ...]:
     """``(B * blocks_per_page, H, N, C_bytes)`` as ``compute_layer_kv_cache_shape_bytes``."""
     block = kernel_block_size if kernel_block_size is not None else spec.block_size
@@ -93,7 +93,7 @@ def layout_strides(
 
 
 def tensor_geometry(
-    spec: Spec,
+    spec: KVCacheSpec,
     num_blocks: int,
     num_layers: int,
     layout: KVCacheLayout,

@@ -61,15 +61,15 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
             spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
         ):
             padded = getattr(sub, "page_size_padded", None)
-            if padded is not None and padded < sub.unpadded_page_size_bytes:
+            unpadded = sub.page_size_for(padded=False)
+            if padded is not None and padded < unpadded:
                 out.append(
                     error(
                         Code.PADDED_PAGE_TOO_SMALL,
                         f"kv_cache_config.kv_cache_groups[{g}].kv_cache_spec",
                         f"page_size_padded {num(padded)} is smaller than the unpadded page "
-                        f"{num(sub.unpadded_page_size_bytes)} bytes",
-                        f"raise page_size_padded to at least {num(sub.unpadded_page_size_bytes)}"
-                        " or drop it",
+                        f"{num(unpadded)} bytes",
+                        f"raise page_size_padded to at least {num(unpadded)} or drop it",
                     )
                 )
 

@@ -193,11 +193,6 @@ class PageIndex:
         return self.blocks_chunks([block], chunk_bytes)
 
 
-def build_page_index(plan: BindingPlan) -> PageIndex:
-    """The page index of ``plan``."""
-    return PageIndex(plan)
-
-
 def range_bytes(ranges: Iterable[Range]) -> int:
     """Total bytes of disjoint ``ranges``."""
     return sum(e - s for s, e in ranges)

@@ -23,6 +23,7 @@ from kvplan.schemas.specs import (
     HiddenStateCacheSpec,
     HiSparseHotSpec,
     HiSparseResidentSpec,
+    KVCacheSpec,
     KVQuantMode,
     MambaSpec,
     MLAAttentionSpec,
@@ -32,7 +33,6 @@ from kvplan.schemas.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     SparseCacheRole,
-    Spec,
     UniformTypeKVCacheSpecs,
 )
 
@@ -59,6 +59,7 @@ __all__ = [
     "KVCacheGroupRole",
     "KVCacheGroupSpec",
     "KVCacheLayout",
+    "KVCacheSpec",
     "KVCacheTensor",
     "KVPlanError",
     "KVQuantMode",
@@ -73,7 +74,6 @@ __all__ = [
     "SlidingWindowSpec",
     "Source",
     "SparseCacheRole",
-    "Spec",
     "Summary",
     "UniformTypeKVCacheSpecs",
     "View",

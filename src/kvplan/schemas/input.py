@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from kvplan.schemas.layout import KVCacheLayout, parse_layout
-from kvplan.schemas.specs import AnySpec, _by_name
+from kvplan.schemas.specs import AnySpec, by_name
 
 INPUT_FORMAT = "kvplan.input/1"
 
@@ -56,7 +56,7 @@ class KVCacheGroupSpec(_Frozen):
     is_eagle_group: bool = False
     host_resident: bool = False
     enable_kv_transfer: bool = True
-    role: Annotated[KVCacheGroupRole, *_by_name(KVCacheGroupRole)] = KVCacheGroupRole.DEFAULT
+    role: Annotated[KVCacheGroupRole, *by_name(KVCacheGroupRole)] = KVCacheGroupRole.DEFAULT
 
 
 class KVCacheConfig(_Frozen):

@@ -21,20 +21,6 @@ class KVCacheLayout(Enum):
     def stride_order(self) -> tuple[int, ...]:
         return self.value
 
-    @property
-    def is_layer_compact(self) -> bool:
-        """L is the outermost physical axis (each layer owns one contiguous region)."""
-        return bool(self.value[0] == DIM_L)
-
-    @property
-    def is_block_outermost(self) -> bool:
-        return bool(self.value[0] == DIM_B)
-
-    @property
-    def is_block_compact(self) -> bool:
-        """Each page's ``[H, N, C]`` bytes form one contiguous run."""
-        return set(self.value[:2]) == {DIM_L, DIM_B}
-
 
 LAYOUT_ALIASES: dict[str, str] = {"NHD": "LBNHC", "HND": "LBHNC"}
 

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from kvplan.schemas.dtypes import DType, itemsize
-from kvplan.schemas.specs import _by_name
+from kvplan.schemas.specs import by_name
 
 LEGACY_INPUT_FORMAT = "kvplan.input-legacy/1"
 KVCACHED_PAGE_SIZE = 2 << 20
@@ -112,7 +112,7 @@ class LegacyKVQuantMode(IntEnum):
         return self in (LegacyKVQuantMode.INT8_PER_TOKEN_HEAD, LegacyKVQuantMode.FP8_PER_TOKEN_HEAD)
 
 
-QuantField = Annotated[LegacyKVQuantMode, *_by_name(LegacyKVQuantMode)]
+QuantField = Annotated[LegacyKVQuantMode, *by_name(LegacyKVQuantMode)]
 
 
 class _Frozen(BaseModel):
@@ -150,10 +150,6 @@ class LegacySpec(_Frozen):
     @property
     def page_size_bytes(self) -> int:
         raise NotImplementedError
-
-    @property
-    def storage_block_size(self) -> int:
-        return self.block_size
 
     @property
     def is_attention(self) -> bool:
@@ -292,7 +288,7 @@ class _MLAPage:
         return self._mla_page()
 
     def _mla_real(self) -> int:
-        storage = self.block_size // self.compress_ratio
+        storage = self.storage_block_size
         if self.cache_dtype_str == "fp8_ds_mla":
             if self.model_version == "deepseek_v4":
                 return storage * 584

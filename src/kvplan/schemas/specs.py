@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from enum import Enum, IntEnum, StrEnum
 from fractions import Fraction
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -59,7 +59,7 @@ FractionValue = Annotated[
 """vLLM's ``Fraction``: written as an int, or as ``"n/d"``."""
 
 
-def _by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
+def by_name(enum_cls: type[Enum], aliases: dict[str, str] | None = None) -> Any:
     """Validator/serializer pair that writes an enum by member name (and reads name or value)."""
 
     def parse(value: object) -> Enum:
@@ -113,8 +113,8 @@ class SparseCacheRole(StrEnum):
     INDEXER = "indexer"
 
 
-KVQuantModeField = Annotated[KVQuantMode, *_by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
-SparseCacheRoleField = Annotated[SparseCacheRole, *_by_name(SparseCacheRole)]
+KVQuantModeField = Annotated[KVQuantMode, *by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
+SparseCacheRoleField = Annotated[SparseCacheRole, *by_name(SparseCacheRole)]
 
 
 class MultipleOf(BaseModel):
@@ -124,8 +124,8 @@ class MultipleOf(BaseModel):
     multiple_of: int = Field(gt=0)
 
 
-class _Spec(BaseModel):
-    """``KVCacheSpec``: the fields every spec has."""
+class KVCacheSpec(BaseModel):
+    """Base class of every spec model, named after vLLM's: the fields every spec has."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -159,24 +159,34 @@ class _Spec(BaseModel):
     def num_states(self) -> int:
         return self.num_kernel_states(self.block_size)
 
-    def unpadded_page_for(self, block_size: int) -> int:
-        """Bytes of one unpadded page holding ``block_size`` tokens."""
+    # -- page sizes: page_size_for() and page_size_bytes; families override the two hooks --
+    def _unpadded_page(self, block_size: int) -> int:
+        """Hook: bytes of one unpadded page holding ``block_size`` tokens."""
         return self.num_heads * self.num_kernel_states(block_size) * self.state_content_size_bytes
 
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.unpadded_page_for(self.block_size)
-
-    @property
-    def padded_page_size_bytes(self) -> int | None:
-        """The padded page in bytes, or None when pages are not padded."""
+    def _padded_page(self, unpadded: int) -> int | None:
+        """Hook: the padded size of an ``unpadded``-byte page, or None when not padded."""
         return None
+
+    def page_size_for(self, block_size: int | None = None, *, padded: bool = True) -> int:
+        """Bytes of one page of ``block_size`` tokens (default: the spec's ``block_size``):
+        vLLM's ``copy_with_new_block_size(block_size).page_size_bytes``, or with
+        ``padded=False`` its ``real_page_size_bytes`` (the page before padding)."""
+        unpadded = self._unpadded_page(self.block_size if block_size is None else block_size)
+        if not padded:
+            return unpadded
+        pad = self._padded_page(unpadded)
+        return unpadded if pad is None else pad
 
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of one layer (the padded page where the spec pads)."""
-        padded = self.padded_page_size_bytes
-        return padded if padded is not None else self.unpadded_page_size_bytes
+        return self.page_size_for()
+
+    @property
+    def padded_page_size_bytes(self) -> int | None:
+        """The padded page in bytes, or None when pages are not padded (layouts differ)."""
+        return self._padded_page(self.page_size_for(padded=False))
 
     @property
     def has_layer_views(self) -> bool:
@@ -187,10 +197,6 @@ class _Spec(BaseModel):
         """dtype of the bound per-layer tensor (vLLM views attention pages as ``spec.dtype``)."""
         return "int8"
 
-    def page_size_for_block(self, block_size: int) -> int:
-        """``copy_with_new_block_size(block_size).page_size_bytes``."""
-        return self.unpadded_page_for(block_size)
-
     def block_stride_alignment_bytes(self) -> int:
         """Bytes the stride between physical blocks must be a multiple of."""
         alignment = self.block_stride_alignment
@@ -199,23 +205,15 @@ class _Spec(BaseModel):
         kernel = math.gcd(alignment.multiple_of, self.block_size)
         if kernel == self.block_size:
             return 1
-        return self.page_size_for_block(kernel)
+        return self.page_size_for(kernel)
 
 
-class _RawStorageSpec(_Spec):
+class _RawStorageSpec(KVCacheSpec):
     """A spec whose layers keep the raw backing buffer and lay it out themselves."""
 
     page_size: int = Field(gt=0)
 
-    @property
-    def page_size_bytes(self) -> int:
-        return self.page_size
-
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.page_size
-
-    def page_size_for_block(self, block_size: int) -> int:
+    def _unpadded_page(self, block_size: int) -> int:
         return self.page_size
 
     @property
@@ -236,7 +234,7 @@ class HiSparseResidentSpec(_RawStorageSpec):
     kind: Literal["HiSparseResidentSpec"] = "HiSparseResidentSpec"
 
 
-class AttentionSpec(_Spec):
+class AttentionSpec(KVCacheSpec):
     """``AttentionSpec``: ``[B, H, N, C]`` pages with K and V packed in ``C``."""
 
     kind: Literal["AttentionSpec"] = "AttentionSpec"
@@ -288,14 +286,8 @@ class AttentionSpec(_Spec):
         head_size_v = self.head_size if self.head_size_v is None else self.head_size_v
         return (self.head_size + head_size_v) * itemsize(self.dtype)
 
-    @property
-    def padded_page_size_bytes(self) -> int | None:
+    def _padded_page(self, unpadded: int) -> int | None:
         return self.page_size_padded
-
-    def page_size_for_block(self, block_size: int) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.unpadded_page_for(block_size)
 
     @property
     def view_dtype(self) -> str:
@@ -315,28 +307,12 @@ class _AlignedMLA:
     alignment: int | None
     page_size_padded: int | None
 
-    def _aligned_padding(self, unpadded: int) -> int | None:
+    def _padded_page(self, unpadded: int) -> int | None:
         if self.alignment:
             padded = -(-unpadded // self.alignment) * self.alignment
             if padded != unpadded:
                 return padded
         return self.page_size_padded
-
-    if TYPE_CHECKING:  # provided by _Spec, which every user of this mixin also derives from
-
-        def unpadded_page_for(self, block_size: int) -> int: ...
-
-        @property
-        def unpadded_page_size_bytes(self) -> int: ...
-
-    @property
-    def padded_page_size_bytes(self) -> int | None:
-        return self._aligned_padding(self.unpadded_page_size_bytes)
-
-    def page_size_for_block(self, block_size: int) -> int:
-        unpadded = self.unpadded_page_for(block_size)
-        padded = self._aligned_padding(unpadded)
-        return padded if padded is not None else unpadded
 
 
 class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
@@ -418,7 +394,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     sink_len: int | None = Field(default=None, ge=0)
 
 
-class MambaSpec(_Spec):
+class MambaSpec(KVCacheSpec):
     """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
@@ -463,16 +439,12 @@ class MambaSpec(_Spec):
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 
-    def unpadded_page_for(self, block_size: int) -> int:
-        # vLLM's MambaSpec.page_size_bytes is the state size; H and N are 1.
+    def _unpadded_page(self, block_size: int) -> int:
+        # vLLM's MambaSpec.page_size_bytes is the state size, whatever the block size.
         return self.state_content_size_bytes
 
-    @property
-    def padded_page_size_bytes(self) -> int | None:
+    def _padded_page(self, unpadded: int) -> int | None:
         return self.page_size_padded
-
-    def page_size_for_block(self, block_size: int) -> int:
-        return self.page_size_bytes
 
 
 LeafSpec = Annotated[
@@ -497,7 +469,7 @@ LeafSpec = Annotated[
 ]
 
 
-class UniformTypeKVCacheSpecs(_Spec):
+class UniformTypeKVCacheSpecs(KVCacheSpec):
     """One group of same-type layers with per-layer specs (block-outermost packing)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
@@ -517,23 +489,15 @@ class UniformTypeKVCacheSpecs(_Spec):
                 if value is None and isinstance(first, dict):
                     kind = first.get("kind")
                     value = kind not in ("MambaSpec", "HiSparseHotSpec", "HiSparseResidentSpec")
-                if isinstance(first, _Spec):
+                if isinstance(first, KVCacheSpec):
                     value = first.dcp_sharded
                 if value is not None:
                     data = {**data, "dcp_sharded": value}
         return data
 
     @property
-    def first_spec(self) -> _Spec:
+    def first_spec(self) -> KVCacheSpec:
         return next(iter(self.kv_cache_specs.values()))
-
-    @property
-    def page_size_bytes(self) -> int:
-        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
-
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.page_size_bytes
 
     @property
     def num_heads(self) -> int:
@@ -551,8 +515,10 @@ class UniformTypeKVCacheSpecs(_Spec):
     def has_layer_views(self) -> bool:
         return self.first_spec.has_layer_views
 
-    def page_size_for_block(self, block_size: int) -> int:
-        return sum(spec.page_size_for_block(block_size) for spec in self.kv_cache_specs.values())
+    def page_size_for(self, block_size: int | None = None, *, padded: bool = True) -> int:
+        """The sum of its layers' pages (each at its own block size by default)."""
+        specs = self.kv_cache_specs.values()
+        return sum(spec.page_size_for(block_size, padded=padded) for spec in specs)
 
 
 AnySpec = Annotated[
@@ -580,18 +546,15 @@ SPEC_KINDS: tuple[str, ...] = (
     "UniformTypeKVCacheSpecs",
 )
 
-Spec = _Spec
-"""Base class of every spec model (vLLM's ``KVCacheSpec``)."""
 
-
-def layer_spec(group_spec: _Spec, layer: str) -> _Spec | None:
+def layer_spec(group_spec: KVCacheSpec, layer: str) -> KVCacheSpec | None:
     """The spec of ``layer`` in a group: itself, or its entry of a ``UniformTypeKVCacheSpecs``."""
     if isinstance(group_spec, UniformTypeKVCacheSpecs):
         return group_spec.kv_cache_specs.get(layer)
     return group_spec
 
 
-def base_kind(spec: _Spec) -> str:
+def base_kind(spec: KVCacheSpec) -> str:
     """The attention family used for alias compatibility (vLLM's ``get_kv_cache_spec_kind``)."""
     if isinstance(spec, UniformTypeKVCacheSpecs):
         kinds = {base_kind(s) for s in spec.kv_cache_specs.values()}

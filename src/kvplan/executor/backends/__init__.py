@@ -1,15 +1,22 @@
-"""Backend registry: name → factory, imported lazily (no torch or cuda-python at import)."""
+"""Backend registry: name → backend class, imported lazily (no torch or cuda-python at import).
+
+A backend class carries what it can do (``info``, a :class:`BackendInfo`) and whether it can
+run here (``available()``). Everything that depends on a backend — the CLI's ``--backend``
+choices, the vLLM plugin's ``KVPLAN_BACKEND``, its planning granularity and placement
+checks, ``kvplan doctor`` — reads the registry, so a class added with
+:func:`register_backend` is usable everywhere without editing another module.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from kvplan.executor.backends.base import (
-    OPS,
+    PRIMITIVES,
     Backend,
     BackendCallError,
+    BackendInfo,
     CallLog,
     LiveResources,
     TrackedBackend,
@@ -17,42 +24,87 @@ from kvplan.executor.backends.base import (
 from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.schemas.errors import Code, KVPlanError, error
 
-BackendFactory = Callable[..., Backend]
 
-BACKENDS: dict[str, str | BackendFactory] = {
+class BackendClass(Protocol):
+    """What the registry holds: a backend class (or a factory carrying the same two
+    attributes) — ``info``, ``available()``, and a constructor ``(device=..., **options)``."""
+
+    info: BackendInfo
+
+    def available(self) -> str | None: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Backend: ...
+
+
+BACKENDS: dict[str, str | BackendClass] = {
     "meta": "kvplan.executor.backends.meta:MetaBackend",
     "torch": "kvplan.executor.backends.torch_backend:TorchBackend",
     "host-vmm": "kvplan.executor.backends.host_vmm:HostVmmBackend",
     "cuda-vmm": "kvplan.executor.backends.cuda_vmm:CudaVmmBackend",
 }
-"""Registered backends: a factory, or ``"module:attr"`` imported on first use."""
+"""Registered backends, in the order they are listed: a class, or ``"module:Class"``
+imported on first use."""
 
 
-def register_backend(name: str, factory: str | BackendFactory) -> None:
-    """Register (or replace) backend ``name``; ``factory(device=..., **options)``."""
-    BACKENDS[name] = factory
+def register_backend(name: str, backend: str | BackendClass) -> None:
+    """Register (or replace) backend ``name``: a class (or ``"module:Class"``) with ``info``
+    and ``available()``, constructed as ``backend(device=..., **options)``."""
+    if not isinstance(backend, str):
+        _check_class(name, backend)
+    BACKENDS[name] = backend
+
+
+def _unknown(name: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.BACKEND_UNAVAILABLE,
+            "backend",
+            f"Unknown backend {name!r}; known: {', '.join(BACKENDS)}.",
+            "pick one of the known backends",
+        )
+    )
+
+
+def _check_class(name: str, backend: object) -> BackendClass:
+    info = getattr(backend, "info", None)
+    if not isinstance(info, BackendInfo) or not callable(getattr(backend, "available", None)):
+        raise TypeError(
+            f"backend {name!r}: {backend!r} has no BackendInfo `info` and `available()`; "
+            "subclass kvplan.executor.backends.TrackedBackend or declare both"
+        )
+    return backend  # type: ignore[return-value]
+
+
+def backend_class(name: str) -> BackendClass:
+    """The class registered as ``name`` (imported on first use); unknown names: ``KVP401``."""
+    entry = BACKENDS.get(name)
+    if entry is None:
+        raise _unknown(name)
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        return _check_class(name, getattr(importlib.import_module(module), attr))
+    return entry
+
+
+def backend_info(name: str) -> BackendInfo:
+    """What backend ``name`` can do (``elastic``, ``granularity_default``, ``devices``, ...)."""
+    return backend_class(name).info
+
+
+def backend_names(*, plugin: bool = False) -> tuple[str, ...]:
+    """Registered names in registration order; ``plugin=True``: only those that can hold a
+    live vLLM KV cache (``info.plugin``)."""
+    return tuple(name for name in BACKENDS if not plugin or backend_info(name).plugin)
 
 
 def create_backend(name: str, *, device: str | None = None, **options: Any) -> Backend:
-    """Instantiate backend ``name``; unknown names raise ``KVP401``."""
-    factory = BACKENDS.get(name)
-    if factory is None:
-        raise KVPlanError(
-            error(
-                Code.BACKEND_UNAVAILABLE,
-                "backend",
-                f"Unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}.",
-                "pick one of the known backends",
-            )
-        )
-    if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+    """Instantiate backend ``name``; unknown names and bad options raise ``KVP401``."""
+    cls = backend_class(name)
     kwargs = dict(options)
     if device is not None:
         kwargs["device"] = device
     try:
-        return factory(**kwargs)
+        return cls(**kwargs)
     except TypeError as exc:
         raise KVPlanError(
             error(Code.BACKEND_UNAVAILABLE, "backend", f"Backend {name!r}: {exc}.")
@@ -61,13 +113,18 @@ def create_backend(name: str, *, device: str | None = None, **options: Any) -> B
 
 __all__ = [
     "BACKENDS",
-    "OPS",
+    "PRIMITIVES",
     "Backend",
     "BackendCallError",
+    "BackendClass",
+    "BackendInfo",
     "CallLog",
     "FaultyBackend",
     "LiveResources",
     "TrackedBackend",
+    "backend_class",
+    "backend_info",
+    "backend_names",
     "create_backend",
     "register_backend",
 ]

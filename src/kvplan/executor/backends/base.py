@@ -3,23 +3,29 @@
 Modelled on CUDA's virtual memory management (reserve address space, create physical
 memory, map it, grant access, unmap, release, free). Backends whose ``reserve`` already
 returns committed, zeroed memory (``torch``) set ``reserve_commits`` and the executor
-skips the mapping calls. Every primitive counts itself in ``calls`` and may be made to fail
-by a hook (see :class:`CallLog` and :mod:`kvplan.executor.backends.faults`).
+skips the mapping calls. What a backend can do is declared once, on its class, as a
+:class:`BackendInfo` (``info``) with a ``available()`` probe; the CLI, the vLLM plugin and
+``kvplan doctor`` read both through the registry (:mod:`kvplan.executor.backends`).
+
+Every primitive call is counted in ``calls`` (a :class:`CallLog`):
+:class:`TrackedBackend` wraps the primitives its subclasses define, so no primitive counts
+itself. Fault injection wraps a backend (:mod:`kvplan.executor.backends.faults`).
 
 Addresses and sizes are plain ``int`` bytes. Handles are opaque backend objects.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-OPS: tuple[str, ...] = (
+PRIMITIVES: tuple[str, ...] = (
     "granularity",
     "reserve",
     "create",
@@ -32,7 +38,38 @@ OPS: tuple[str, ...] = (
     "release",
     "free",
 )
-"""Every countable backend primitive, in a typical call order."""
+"""The protocol's primitives, each counted in ``calls`` under its own name."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend class can do, known without creating it (no device, no context).
+
+    The registry hands it out as ``backend_info(name)``; the CLI, the vLLM plugin settings,
+    the plugin's planning and placement checks and ``kvplan doctor`` decide from it instead
+    of from backend names.
+    """
+
+    elastic: bool
+    """Maps and unmaps physical memory on demand (``mode="elastic"``); False when
+    ``reserve`` commits everything (``torch``)."""
+    granularity_default: int
+    """The mapping granularity in bytes when known without a device (``host-vmm``: the OS
+    page size; ``cuda-vmm``: 2 MiB, CUDA's minimum on every current GPU; ``torch``: 1).
+    A created backend's ``granularity()`` is authoritative."""
+    devices: tuple[str, ...]
+    """torch device types it binds on (``("cpu",)``, ``("cuda",)``); empty: any device."""
+    plugin: bool
+    """Can hold a live vLLM KV cache (``meta`` tensors hold no memory: False)."""
+    pooled_allocation_ok: bool = False
+    """Allocates through torch, so it works inside a vLLM memory pool context (sleep mode,
+    CUDA-graph pools); VMM backends bypass torch's allocator and refuse there."""
+    summary: str = ""
+    """One line for ``kvplan doctor`` and ``--help``: what the backend binds with."""
+
+    def accepts_device(self, device: object) -> bool:
+        """Whether tensors on ``device`` (``cpu``, ``cuda:1``, a ``torch.device``) can be bound."""
+        return not self.devices or str(device).split(":")[0] in self.devices
 
 
 class BackendCallError(Exception):
@@ -44,24 +81,16 @@ class BackendCallError(Exception):
         super().__init__(f"{call} failed: {detail}")
 
 
-CallHook = Callable[[str, int], None]
-"""``hook(op, index)`` runs before primitive number ``index`` (0-based); raising fails it."""
-
-
 class CallLog:
-    """Counts primitive calls per op (``counts``) and in total; runs ``hook`` before each."""
+    """Counts primitive calls per op (``counts``) and in total (``total``)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.total = 0
-        self.hook: CallHook | None = None
 
     def __call__(self, op: str) -> None:
-        index = self.total
         self.total += 1
         self.counts[op] += 1
-        if self.hook is not None:
-            self.hook(op, index)
 
     def reset(self) -> None:
         self.counts.clear()
@@ -89,6 +118,8 @@ class Backend(Protocol):
 
     name: str
     """Registry name, e.g. ``host-vmm``."""
+    info: BackendInfo
+    """The class's capabilities (see :class:`BackendInfo`)."""
     device: str
     """torch device string of the tensors it wraps (``cpu``, ``cuda:0``, ``meta``)."""
     reserve_commits: bool
@@ -162,14 +193,65 @@ def next_pow2(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
 
-class TrackedBackend:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _counted(op: str, method: F) -> F:
+    """``method`` that first logs ``op`` in ``self.calls`` (once, even through ``super()``)."""
+
+    @functools.wraps(method)
+    def primitive(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._in_primitive:  # an override calling super(), or one primitive calling another
+            return method(self, *args, **kwargs)
+        self._log_call(op)
+        self._in_primitive = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_primitive = False
+
+    primitive.__kvplan_counted__ = True  # type: ignore[attr-defined]
+    return primitive  # type: ignore[return-value]
+
+
+class CountedBackend:
+    """Counts every primitive a subclass defines in ``self.calls`` (see :data:`PRIMITIVES`).
+
+    Subclasses write the primitives plainly; ``__init_subclass__`` wraps each so its call is
+    logged before it runs (a failing call counts too). ``_log_call`` is the one place a call
+    is seen, so a wrapper can also refuse it there (``FaultyBackend``).
+    """
+
+    calls: CallLog
+    _in_primitive = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in PRIMITIVES:
+            method = cls.__dict__.get(op)
+            if callable(method) and not getattr(method, "__kvplan_counted__", False):
+                setattr(cls, op, _counted(op, method))
+
+    def _log_call(self, op: str) -> None:
+        self.calls(op)
+
+
+class TrackedBackend(CountedBackend):
     """Shared bookkeeping: live reservations, handles and mappings (for ``live()``)."""
 
     name = "tracked"
     device = "cpu"
+    info: BackendInfo
+    """Declared by each concrete backend class (the registry refuses a class without it)."""
     reserve_commits = False
     fresh_memory_is_zero = False
     call_names: dict[str, str] = {}  # noqa: RUF012 - overridden per class, never mutated
+
+    @classmethod
+    def available(cls) -> str | None:
+        """``None`` when this backend can run in this process, else why not (one sentence,
+        no trailing period). Cheap, and never creates a CUDA context."""
+        return None
 
     def __init__(self) -> None:
         self.calls = CallLog()

@@ -14,10 +14,12 @@ needs cuda-python. Anything missing (cuda-python, a GPU, a driver, VMM support) 
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import BackendCallError, TrackedBackend
+from kvplan.executor.backends.base import BackendCallError, BackendInfo, TrackedBackend
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
@@ -59,6 +61,27 @@ def load_driver() -> ModuleType:
         raise unavailable("cuda-python is not installed (no module cuda.bindings.driver)") from None
 
 
+def _find_spec(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cuda_driver_library() -> str | None:
+    """The CUDA driver library this process can load (``libcuda.so.1``), else ``None``.
+
+    Loading the library creates no CUDA context.
+    """
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return name
+    return None
+
+
 def touch_torch_device(device: str | None) -> int:
     """Let torch initialise CUDA and the device's primary context; the device index."""
     import torch
@@ -87,6 +110,13 @@ class CudaVmmBackend(TrackedBackend):
     """CUDA VMM primitives on one device (``device``: ``cuda``, ``cuda:N`` or ``None``)."""
 
     name = "cuda-vmm"
+    info = BackendInfo(
+        elastic=True,
+        granularity_default=2 << 20,  # cuMemGetAllocationGranularity(MINIMUM) on current GPUs
+        devices=("cuda",),
+        plugin=True,
+        summary="CUDA virtual memory management through cuda-python",
+    )
     reserve_commits = False
     fresh_memory_is_zero = False
     call_names = {  # noqa: RUF012
@@ -102,6 +132,15 @@ class CudaVmmBackend(TrackedBackend):
         "release": "cuMemRelease",
         "free": "cuMemAddressFree",
     }
+
+    @classmethod
+    def available(cls) -> str | None:
+        """cuda-python importable and the CUDA driver library loadable (no context made)."""
+        if not (_find_spec("cuda.bindings") or _find_spec("cuda.cuda")):
+            return "cuda-python is not installed (pip install cuda-python)"
+        if cuda_driver_library() is None:
+            return "no CUDA driver library (libcuda.so.1) can be loaded"
+        return None
 
     def __init__(self, *, device: str | None = None, wrap_route: str = "auto") -> None:
         drv = load_driver()
@@ -173,13 +212,11 @@ class CudaVmmBackend(TrackedBackend):
 
     # -- protocol -------------------------------------------------------------------------
     def granularity(self) -> int:
-        self.calls("granularity")
         flag = self._drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         res = self._drv.cuMemGetAllocationGranularity(self._prop, flag)
         return int(self._check("cuMemGetAllocationGranularity", res, "minimum"))
 
     def reserve(self, size: int, alignment: int) -> int:
-        self.calls("reserve")
         self._ensure_ctx()
         res = self._drv.cuMemAddressReserve(size, alignment, 0, 0)
         ptr = int(self._check("cuMemAddressReserve", res, f"{size} bytes"))
@@ -187,7 +224,6 @@ class CudaVmmBackend(TrackedBackend):
         return ptr
 
     def create(self, size: int) -> Any:
-        self.calls("create")
         err, handle = self._drv.cuMemCreate(size, self._prop, 0)
         if err != self._ok:
             raise BackendCallError("cuMemCreate", f"{size} bytes: {self._err_text(err)}")
@@ -195,52 +231,44 @@ class CudaVmmBackend(TrackedBackend):
         return handle
 
     def map(self, address: int, size: int, handle: Any) -> None:
-        self.calls("map")
         (err,) = self._drv.cuMemMap(address, size, 0, handle, 0)
         if err != self._ok:
             raise BackendCallError("cuMemMap", f"{size} bytes: {self._err_text(err)}")
         self._mappings[address] = size
 
     def set_access(self, address: int, size: int) -> None:
-        self.calls("set_access")
         res = self._drv.cuMemSetAccess(address, size, self._access, 1)
         self._check("cuMemSetAccess", res, f"{size} bytes")
 
     def zero(self, address: int, size: int) -> None:
-        self.calls("zero")
         self._ensure_ctx()
         stream = self._torch.cuda.current_stream(self.index).cuda_stream
         res = self._drv.cuMemsetD8Async(address, 0, size, self._drv.CUstream(stream))
         self._check("cuMemsetD8Async", res, f"{size} bytes")
 
     def synchronize(self) -> None:
-        self.calls("synchronize")
         try:
             self._torch.cuda.synchronize(self.index)
         except RuntimeError as exc:
             raise BackendCallError("torch.cuda.synchronize", _first_line(exc)) from exc
 
     def wrap(self, address: int, size: int) -> Tensor:
-        self.calls("wrap")
         tensor = wrap_device_pointer(address, size, self.device, route=self.wrap_route)
         if tensor.data_ptr() != address:
             raise BackendCallError("wrap", "the tensor is not zero-copy")
         return tensor
 
     def unmap(self, address: int, size: int) -> None:
-        self.calls("unmap")
         self._check("cuMemUnmap", self._drv.cuMemUnmap(address, size), f"{size} bytes")
         self._mappings.pop(address, None)
 
     def release(self, handle: Any) -> None:
-        self.calls("release")
         (err,) = self._drv.cuMemRelease(handle)
         if err != self._ok:
             raise BackendCallError("cuMemRelease", f"handle: {self._err_text(err)}")
         self._handles.pop(int(handle), None)
 
     def free(self, address: int, size: int) -> None:
-        self.calls("free")
         self._check("cuMemAddressFree", self._drv.cuMemAddressFree(address, size), f"{size}")
         self._reservations.pop(address, None)
 

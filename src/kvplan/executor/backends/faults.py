@@ -2,9 +2,11 @@
 
 ``FaultyBackend(inner, fail_at=n)`` forwards everything to ``inner`` and raises
 :class:`~kvplan.executor.backends.base.BackendCallError` instead of making call number
-``n`` (0-based, counted over :data:`~kvplan.executor.backends.base.OPS`, optionally only
-those in ``ops``). Calls after the failure (the rollback) go through. Tests fail every call
-index in turn and assert ``inner.live().clean`` afterwards.
+``n`` (0-based, counted over :data:`~kvplan.executor.backends.base.PRIMITIVES`, optionally
+only those in ``ops``). Calls after the failure (the rollback) go through. Tests fail every
+call index in turn and assert ``inner.live().clean`` afterwards. Counting and failing happen
+in one place, :meth:`FaultyBackend._log_call`, which the shared call-log wrapper
+(:class:`~kvplan.executor.backends.base.CountedBackend`) runs before every primitive.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import Backend, BackendCallError, CallLog, LiveResources
+from kvplan.executor.backends.base import (
+    Backend,
+    BackendCallError,
+    CallLog,
+    CountedBackend,
+    LiveResources,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 
-class FaultyBackend:
+class FaultyBackend(CountedBackend):
     """Delegates to ``inner``; call ``fail_at`` (or every call in ``fail_ops``) raises."""
 
     def __init__(
@@ -31,6 +39,7 @@ class FaultyBackend:
     ) -> None:
         self.inner = inner
         self.name = inner.name
+        self.info = inner.info
         self.device = inner.device
         self.reserve_commits = inner.reserve_commits
         self.fresh_memory_is_zero = inner.fresh_memory_is_zero
@@ -41,7 +50,7 @@ class FaultyBackend:
         self.fail_ops = set(fail_ops)
         self.failed: list[tuple[int, str]] = []
 
-    def _gate(self, op: str) -> None:
+    def _log_call(self, op: str) -> None:
         if self.ops is not None and op not in self.ops:
             return
         index = self.calls.total
@@ -52,47 +61,36 @@ class FaultyBackend:
             raise BackendCallError(call, f"injected failure at call #{index} ({op})")
 
     def granularity(self) -> int:
-        self._gate("granularity")
         return self.inner.granularity()
 
     def reserve(self, size: int, alignment: int) -> int:
-        self._gate("reserve")
         return self.inner.reserve(size, alignment)
 
     def create(self, size: int) -> Any:
-        self._gate("create")
         return self.inner.create(size)
 
     def map(self, address: int, size: int, handle: Any) -> None:
-        self._gate("map")
         self.inner.map(address, size, handle)
 
     def set_access(self, address: int, size: int) -> None:
-        self._gate("set_access")
         self.inner.set_access(address, size)
 
     def zero(self, address: int, size: int) -> None:
-        self._gate("zero")
         self.inner.zero(address, size)
 
     def synchronize(self) -> None:
-        self._gate("synchronize")
         self.inner.synchronize()
 
     def wrap(self, address: int, size: int) -> Tensor:
-        self._gate("wrap")
         return self.inner.wrap(address, size)
 
     def unmap(self, address: int, size: int) -> None:
-        self._gate("unmap")
         self.inner.unmap(address, size)
 
     def release(self, handle: Any) -> None:
-        self._gate("release")
         self.inner.release(handle)
 
     def free(self, address: int, size: int) -> None:
-        self._gate("free")
         self.inner.free(address, size)
 
     def live(self) -> LiveResources:

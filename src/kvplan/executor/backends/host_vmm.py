@@ -34,7 +34,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import BackendCallError, TrackedBackend, round_up
+from kvplan.executor.backends.base import BackendCallError, BackendInfo, TrackedBackend, round_up
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
@@ -96,15 +96,6 @@ def _errno_text() -> str:
     return f"errno {err} ({os.strerror(err)})"
 
 
-def host_vmm_available() -> str | None:
-    """``None`` when host-vmm can run here, else why not."""
-    if not sys.platform.startswith("linux"):
-        return f"host-vmm needs Linux (this is {sys.platform})"
-    if not hasattr(os, "memfd_create"):
-        return "host-vmm needs os.memfd_create (Linux, Python >= 3.8)"
-    return None
-
-
 class HostVmmBackend(TrackedBackend):
     """Reserve/map/unmap host memory like CUDA VMM; see the module docstring for the mapping.
 
@@ -118,6 +109,13 @@ class HostVmmBackend(TrackedBackend):
 
     name = "host-vmm"
     device = "cpu"
+    info = BackendInfo(
+        elastic=True,
+        granularity_default=_mmap.PAGESIZE,
+        devices=("cpu",),
+        plugin=True,
+        summary="the CPU twin of CUDA VMM (mmap/memfd)",
+    )
     reserve_commits = False
     fresh_memory_is_zero = True
     call_names = {  # noqa: RUF012
@@ -132,6 +130,21 @@ class HostVmmBackend(TrackedBackend):
         "free": "munmap",
     }
 
+    @classmethod
+    def available(cls) -> str | None:
+        """Linux with a working ``memfd_create`` (creates and closes one memfd)."""
+        if not sys.platform.startswith("linux"):
+            return f"host-vmm needs Linux (mmap, memfd_create); this is {sys.platform}"
+        create = getattr(os, "memfd_create", None)
+        if create is None:
+            return "host-vmm needs os.memfd_create, which this Python lacks"
+        try:
+            fd = create("kvplan-probe", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError as exc:
+            return f"host-vmm needs memfd_create, which fails here ({exc.strerror or exc})"
+        os.close(fd)
+        return None
+
     def __init__(
         self,
         *,
@@ -141,7 +154,7 @@ class HostVmmBackend(TrackedBackend):
         assume_zeroed: bool = True,
         unbacked: str = "fault",
     ) -> None:
-        why = host_vmm_available()
+        why = self.available()
         if why is not None:
             raise KVPlanError(
                 error(Code.BACKEND_UNAVAILABLE, "backend", why, "use --backend torch")
@@ -176,11 +189,9 @@ class HostVmmBackend(TrackedBackend):
 
     # -- address space -------------------------------------------------------------------
     def granularity(self) -> int:
-        self.calls("granularity")
         return self._granularity
 
     def reserve(self, size: int, alignment: int) -> int:
-        self.calls("reserve")
         size = round_up(size, self._granularity)
         align = max(alignment, _mmap.PAGESIZE)
         span = size + align
@@ -201,7 +212,6 @@ class HostVmmBackend(TrackedBackend):
         return base
 
     def free(self, address: int, size: int) -> None:
-        self.calls("free")
         length = self._reservations.get(address)
         if length is None:
             raise BackendCallError("munmap", f"{address:#x} is not a reservation")
@@ -214,7 +224,6 @@ class HostVmmBackend(TrackedBackend):
 
     # -- physical memory ------------------------------------------------------------------
     def create(self, size: int) -> Any:
-        self.calls("create")
         try:
             fd = os.memfd_create(self.memfd_name, os.MFD_CLOEXEC)
         except OSError as exc:
@@ -228,14 +237,12 @@ class HostVmmBackend(TrackedBackend):
         return fd
 
     def release(self, handle: Any) -> None:
-        self.calls("release")
         if self._handles.pop(handle, None) is None:
             raise BackendCallError("close", f"fd {handle} is not a live handle")
         os.close(handle)
 
     # -- mappings -------------------------------------------------------------------------
     def map(self, address: int, size: int, handle: Any) -> None:
-        self.calls("map")
         self._check_reserved("mmap(MAP_FIXED|MAP_SHARED)", address, size)
         if handle not in self._handles or self._handles[handle] < size:
             raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"bad handle {handle}")
@@ -250,14 +257,12 @@ class HostVmmBackend(TrackedBackend):
         self._mappings[address] = size
 
     def set_access(self, address: int, size: int) -> None:
-        self.calls("set_access")
         if self._c.mprotect(address, size, PROT_RW) != 0:
             raise BackendCallError("mprotect", f"{address:#x}+{size}: {_errno_text()}")
         if self._populate and self._c.madvise(address, size, MADV_POPULATE_WRITE) != 0:
             ctypes.memset(address, 0, size)  # kernels before 5.14: fault the pages in
 
     def unmap(self, address: int, size: int) -> None:
-        self.calls("unmap")
         if self._mappings.get(address) != size:
             raise BackendCallError(
                 "mmap(MAP_FIXED|PROT_NONE)", f"{address:#x}+{size} is not one whole mapping"
@@ -269,14 +274,12 @@ class HostVmmBackend(TrackedBackend):
 
     # -- data -----------------------------------------------------------------------------
     def zero(self, address: int, size: int) -> None:
-        self.calls("zero")
         ctypes.memset(address, 0, size)
 
     def synchronize(self) -> None:
-        self.calls("synchronize")
+        return None
 
     def wrap(self, address: int, size: int) -> Tensor:
-        self.calls("wrap")
         import torch
 
         buf = (ctypes.c_byte * size).from_address(address)

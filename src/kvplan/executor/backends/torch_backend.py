@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import BackendCallError, TrackedBackend
+from kvplan.executor.backends.base import BackendCallError, BackendInfo, TrackedBackend
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -18,9 +19,21 @@ class TorchBackend(TrackedBackend):
     """Plain torch allocations (the caching allocator on CUDA); the vanilla-equivalent path."""
 
     name = "torch"
+    info = BackendInfo(
+        elastic=False,
+        granularity_default=1,
+        devices=(),
+        plugin=True,
+        pooled_allocation_ok=True,
+        summary="one plain torch.zeros per pool (what vLLM does)",
+    )
     reserve_commits = True
     fresh_memory_is_zero = True
     call_names = {"reserve": "torch.zeros", "wrap": "torch.Tensor", "free": "del"}  # noqa: RUF012
+
+    @classmethod
+    def available(cls) -> str | None:
+        return None if find_spec("torch") else "torch is not installed"
 
     def __init__(self, *, device: str | None = None) -> None:
         super().__init__()
@@ -31,11 +44,9 @@ class TorchBackend(TrackedBackend):
         self._buffers: dict[int, Tensor] = {}
 
     def granularity(self) -> int:
-        self.calls("granularity")
         return 1
 
     def reserve(self, size: int, alignment: int) -> int:
-        self.calls("reserve")
         try:
             buf = self._torch.zeros(size, dtype=self._torch.int8, device=self.device)
         except (RuntimeError, MemoryError) as exc:  # OOM and device errors
@@ -53,35 +64,31 @@ class TorchBackend(TrackedBackend):
         raise BackendCallError("torch.map", "the torch backend commits memory at reserve")
 
     def set_access(self, address: int, size: int) -> None:
-        self.calls("set_access")
+        return None
 
     def zero(self, address: int, size: int) -> None:
-        self.calls("zero")
         for base, buf in self._buffers.items():
             if base <= address < base + buf.numel():
                 buf[address - base : address - base + size].zero_()
                 return
 
     def synchronize(self) -> None:
-        self.calls("synchronize")
         if self.device.startswith("cuda"):
             self._torch.cuda.synchronize(self.device)
 
     def wrap(self, address: int, size: int) -> Tensor:
-        self.calls("wrap")
         buf = self._buffers.get(address)
         if buf is None or buf.numel() < size:
             raise BackendCallError("torch.wrap", f"{address:#x} is not a torch reservation")
         return buf if buf.numel() == size else buf[:size]
 
     def unmap(self, address: int, size: int) -> None:
-        self.calls("unmap")
+        return None
 
     def release(self, handle: Any) -> None:
-        self.calls("release")
+        return None
 
     def free(self, address: int, size: int) -> None:
-        self.calls("free")
         if self._buffers.pop(address, None) is None:
             raise BackendCallError("del", f"{address:#x} is not a torch reservation")
         self._reservations.pop(address, None)

@@ -159,12 +159,10 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
 
 def elastic_chunk_bytes(backend: str) -> int:
     """The elastic mapping unit of ``backend``: its granularity (host-vmm: the OS page;
-    cuda-vmm: 2 MiB, the granularity of every current NVIDIA GPU)."""
-    if backend == "host-vmm":
-        import mmap
+    cuda-vmm: 2 MiB), known on the scheduler side without creating the backend."""
+    from kvplan.executor.backends import backend_info
 
-        return mmap.PAGESIZE
-    return 2 << 20
+    return backend_info(backend).granularity_default
 
 
 # -- the message ----------------------------------------------------------------------------

@@ -1,20 +1,19 @@
 """The plugin's ``KVPLAN_*`` settings, read from the environment (no torch, no vLLM).
 
 Shared by the plugin (which refuses to start on a bad value) and ``kvplan doctor`` (which
-reports it). Backend availability is probed without initialising CUDA.
+reports it). The backends the plugin accepts, and what each can do, come from the executor's
+registry (:func:`kvplan.executor.backends.backend_info`), never from names written here.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.integrations.vllm._elastic import ElasticSettings, read_elastic_settings
-from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+from kvplan.schemas.errors import Code, Diagnostic, error
 
 ENV_ENABLE = "KVPLAN_ENABLE"
 ENV_BACKEND = "KVPLAN_BACKEND"
@@ -23,8 +22,6 @@ ENV_DUMP_DIR = "KVPLAN_DUMP_DIR"
 ENV_STRICT = "KVPLAN_STRICT"
 ENV_PLAN_DIR = "KVPLAN_PLAN_DIR"
 
-BACKENDS = ("cuda-vmm", "torch", "host-vmm")
-"""Backends the plugin binds with (``meta`` tensors cannot hold a cache)."""
 DEFAULT_BACKEND = "cuda-vmm"
 MODES = ("eager", "elastic")
 DEFAULT_MODE = "eager"
@@ -33,7 +30,9 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
-def _flag(environ: Mapping[str, str], name: str) -> tuple[bool, Diagnostic | None]:
+def flag(environ: Mapping[str, str], name: str) -> tuple[bool, Diagnostic | None]:
+    """``(on, problem)``: the one reader of on/off settings; a malformed value is off with a
+    ``KVP501`` problem."""
     raw = environ.get(name, "").strip().lower()
     if raw in _TRUE:
         return True, None
@@ -45,14 +44,6 @@ def _flag(environ: Mapping[str, str], name: str) -> tuple[bool, Diagnostic | Non
         f"{name}={environ.get(name)!r} is neither on nor off.",
         f"set {name}=1 or {name}=0",
     )
-
-
-def is_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``KVPLAN_ENABLE`` asks for the plugin (a malformed value raises ``KVP501``)."""
-    on, problem = _flag(os.environ if environ is None else environ, ENV_ENABLE)
-    if problem is not None:
-        raise KVPlanError(problem)
-    return on
 
 
 @dataclass(frozen=True)
@@ -83,20 +74,23 @@ class Settings:
 
 def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[Diagnostic]]:
     """The settings in ``environ`` and every problem with them (``KVP501`` errors)."""
+    from kvplan.executor.backends import backend_info, backend_names
+
     env = os.environ if environ is None else environ
     problems: list[Diagnostic] = []
-    enabled, bad = _flag(env, ENV_ENABLE)
+    enabled, bad = flag(env, ENV_ENABLE)
     problems.extend([bad] if bad else [])
-    strict, bad = _flag(env, ENV_STRICT)
+    strict, bad = flag(env, ENV_STRICT)
     problems.extend([bad] if bad else [])
     backend = env.get(ENV_BACKEND, "").strip() or DEFAULT_BACKEND
-    if backend not in BACKENDS:
+    usable = backend_names(plugin=True)
+    if backend not in usable:
         problems.append(
             error(
                 Code.INTEGRATION,
                 ENV_BACKEND,
                 f"{ENV_BACKEND}={backend!r} is not a backend the vLLM plugin can bind with.",
-                f"use one of: {', '.join(BACKENDS)}",
+                f"use one of: {', '.join(usable)}",
             )
         )
         backend = DEFAULT_BACKEND
@@ -111,13 +105,14 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
             )
         )
         mode = DEFAULT_MODE
-    if mode == "elastic" and backend == "torch":
+    if mode == "elastic" and not backend_info(backend).elastic:
+        elastic = [name for name in usable if backend_info(name).elastic]
         problems.append(
             error(
                 Code.INTEGRATION,
                 ENV_MODE,
-                "the torch backend commits all memory up front and cannot run elastic mode.",
-                f"set {ENV_BACKEND}=cuda-vmm (or host-vmm on a CPU), or {ENV_MODE}=eager",
+                f"the {backend} backend commits all memory up front and cannot run elastic mode.",
+                f"set {ENV_BACKEND} to one of {', '.join(elastic)}, or {ENV_MODE}=eager",
             )
         )
     raw_dir = env.get(ENV_DUMP_DIR, "").strip()
@@ -160,60 +155,3 @@ def prepare_dump_dir(path: Path) -> Diagnostic | None:
             f"point {ENV_DUMP_DIR} at a writable directory, or unset it",
         )
     return None
-
-
-def _find_spec(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def cuda_driver_library() -> str | None:
-    """The CUDA driver library this process can load (``libcuda.so.1``), else ``None``.
-
-    Loading the library creates no CUDA context.
-    """
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            ctypes.CDLL(name)
-        except OSError:
-            continue
-        return name
-    return None
-
-
-def memfd_works() -> tuple[bool, str]:
-    """Whether ``os.memfd_create`` works in this process (creates and closes one memfd)."""
-    create = getattr(os, "memfd_create", None)
-    if create is None:
-        return False, "this Python has no os.memfd_create"
-    try:
-        fd = create("kvplan-probe", getattr(os, "MFD_CLOEXEC", 0))
-    except OSError as exc:
-        return False, f"os.memfd_create: {exc.strerror or exc}"
-    os.close(fd)
-    return True, "os.memfd_create works"
-
-
-def backend_status(name: str) -> tuple[bool, str]:
-    """Whether backend ``name`` can work in this process, and why (no CUDA context made)."""
-    if name == "torch":
-        return True, "plain torch allocations on the worker's device (what vLLM does)"
-    if name == "host-vmm":
-        import sys
-
-        if not sys.platform.startswith("linux"):
-            return False, "host-vmm needs Linux (mmap, memfd_create)"
-        works, why = memfd_works()
-        if not works:
-            return False, f"host-vmm needs memfd_create, which fails here ({why})"
-        return True, "CPU VMM twin (mmap/memfd, memfd_create works); only for workers on the CPU"
-    if name == "cuda-vmm":
-        if not (_find_spec("cuda.bindings") or _find_spec("cuda.cuda")):
-            return False, "cuda-python is not installed (pip install cuda-python)"
-        library = cuda_driver_library()
-        if library is None:
-            return False, "no CUDA driver library (libcuda.so.1) can be loaded"
-        return True, f"cuda-python and the CUDA driver ({library}) are present"
-    return False, f"unknown backend {name!r}"

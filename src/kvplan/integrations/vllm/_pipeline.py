@@ -167,10 +167,11 @@ def plan_step(
     document: InputDocument, settings: Settings
 ) -> tuple[BindingPlan | None, list[Any], list[Any]]:
     """``(plan, errors, warnings)``: ``strict`` makes every warning an error."""
-    from kvplan.planner import VMM_GRANULARITY, build_plan
+    from kvplan.executor.backends import backend_info
+    from kvplan.planner import build_plan
 
-    # Only VMM backends allocate in granules; the torch backend allocates exact sizes.
-    granularity = 0 if settings.backend == "torch" else VMM_GRANULARITY
+    # Pools are checked against the granules the backend maps in (torch: 1 byte, no check).
+    granularity = backend_info(settings.backend).granularity_default
     result, problems = build_plan(document, granularity=granularity)
     if settings.strict:
         return result, refusals.as_errors(problems), []
@@ -208,12 +209,18 @@ def verify_step(plan: BindingPlan, tensors: Mapping[str, Any], what: str, **kw: 
 
 def placement_step(settings: Settings, ctx: CallContext | None, device: Any) -> None:
     """Refuse a memory pool or device the configured backend cannot bind in."""
+    from kvplan.executor.backends import backend_info, backend_names
+
     backend = settings.backend
+    info = backend_info(backend)
     pool = ctx.allocation_context if ctx else None
-    if backend != "torch" and pool is not None and not isinstance(pool, nullcontext):
-        raise refusals.pooled_allocation(backend)
-    if backend == "host-vmm" and str(device).split(":")[0] != "cpu":
-        raise refusals.host_vmm_on_device(device)
+    pooled = pool is not None and not isinstance(pool, nullcontext)
+    if pooled and not info.pooled_allocation_ok:
+        able = [n for n in backend_names(plugin=True) if backend_info(n).pooled_allocation_ok]
+        raise refusals.pooled_allocation(backend, able)
+    if not info.accepts_device(device):
+        able = [n for n in backend_names(plugin=True) if backend_info(n).accepts_device(device)]
+        raise refusals.device_not_supported(backend, device, info.devices, able)
 
 
 def bind_step(

@@ -213,7 +213,7 @@ def mismatch(what: str, problems: list[Diagnostic]) -> KVPlanError:
     )
 
 
-def pooled_allocation(backend: str) -> KVPlanError:
+def pooled_allocation(backend: str, able: list[str]) -> KVPlanError:
     return KVPlanError(
         error(
             Code.INTEGRATION,
@@ -221,19 +221,22 @@ def pooled_allocation(backend: str) -> KVPlanError:
             "vLLM asked to place the KV cache in a memory pool (sleep mode's CuMem allocator "
             f"or a KV connector's pool); the {backend} backend maps its own memory outside any "
             "pool.",
-            f"set {ENV_BACKEND}=torch (allocates inside the pool), or turn off sleep mode / the "
-            "connector's memory pool",
+            f"set {ENV_BACKEND} to {' or '.join(able) or 'a backend'} (allocates inside the "
+            "pool), or turn off sleep mode / the connector's memory pool",
         )
     )
 
 
-def host_vmm_on_device(device: object) -> KVPlanError:
+def device_not_supported(
+    backend: str, device: object, devices: tuple[str, ...], able: list[str]
+) -> KVPlanError:
     return KVPlanError(
         error(
             Code.INTEGRATION,
             ENV_BACKEND,
-            f"the host-vmm backend maps CPU memory, but this worker's device is {device}.",
-            f"set {ENV_BACKEND}=cuda-vmm or torch",
+            f"the {backend} backend binds on {' or '.join(devices)} devices only, but this "
+            f"worker's device is {device}.",
+            f"set {ENV_BACKEND} to one of: {', '.join(able)}",
         )
     )
 

@@ -62,8 +62,11 @@ def register() -> None:
     setting, an unsupported vLLM version or a missing/changed patch target; then nothing is
     patched and vLLM does not start.
     """
-    if os.environ.get("KVPLAN_ENABLE", "").strip().lower() in ("", "0", "false", "no", "off"):
-        return
+    from kvplan.integrations.vllm._patch_settings import ENV_ENABLE, flag
+
+    on, malformed = flag(os.environ, ENV_ENABLE)
+    if not on and malformed is None:
+        return  # a malformed value goes on: _activate refuses it with KVP501
     with _LOCK:
         if _STATE is not None:
             return
@@ -73,19 +76,16 @@ def register() -> None:
 def _activate() -> None:
     global _STATE
     import vllm
+    from kvplan.executor.backends import backend_class
     from kvplan.integrations.vllm import _refusals as refusals
     from kvplan.integrations.vllm import versions
-    from kvplan.integrations.vllm._patch_settings import (
-        backend_status,
-        prepare_dump_dir,
-        read_settings,
-    )
+    from kvplan.integrations.vllm._patch_settings import prepare_dump_dir, read_settings
     from kvplan.integrations.vllm._pipeline import Runtime
 
     settings, problems = read_settings()
     if settings.enabled and not problems:
-        usable, why = backend_status(settings.backend)
-        if not usable:
+        why = backend_class(settings.backend).available()
+        if why is not None:
             problems.append(refusals.backend_unavailable(settings.backend, why))
         if settings.dump_dir is not None:
             bad = prepare_dump_dir(settings.dump_dir)

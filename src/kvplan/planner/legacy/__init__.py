@@ -13,7 +13,7 @@ A Mamba layer binds one tensor per state in vLLM 0.24: its views are ``<layer>#<
 from __future__ import annotations
 
 from kvplan.planner._plan_rules import VMM_GRANULARITY, check_plan
-from kvplan.planner.legacy._binding import Binding
+from kvplan.planner.legacy._binding import LegacyBinding
 from kvplan.planner.legacy._checks import check_legacy
 from kvplan.planner.legacy._kvcached import (
     KvcachedGeometry,
@@ -21,7 +21,7 @@ from kvplan.planner.legacy._kvcached import (
     bind_kvcached,
     kvcached_geometry_of,
 )
-from kvplan.planner.legacy._resolve import Resolved, resolve
+from kvplan.planner.legacy._resolve import ResolvedDocument, resolve
 from kvplan.planner.legacy._vanilla import bind_vanilla
 from kvplan.schemas.canonical import fingerprint
 from kvplan.schemas.errors import Diagnostic, KVPlanError
@@ -130,7 +130,7 @@ def kvcached_geometry(
     return geometry
 
 
-def _assemble(doc: LegacyInputDocument, binding: Binding, r: Resolved) -> BindingPlan:
+def _assemble(doc: LegacyInputDocument, binding: LegacyBinding, r: ResolvedDocument) -> BindingPlan:
     num_blocks = r.num_blocks
     page = {name: spec.page_size_bytes for name in r.backed_layers if (spec := r.spec_of(name))}
     layers = {v.layer.split("#", 1)[0] for v in binding.views}

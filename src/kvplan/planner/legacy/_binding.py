@@ -12,7 +12,7 @@ from kvplan.schemas.plan import Alias, Pool, View
 
 
 @dataclass
-class Binding:
+class LegacyBinding:
     """Pools, views and aliases of one strategy, before the plan is assembled."""
 
     pools: list[Pool] = field(default_factory=list)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kvplan.planner._text import num, nums
-from kvplan.planner.legacy._resolve import Resolved, is_encoder_only
+from kvplan.planner.legacy._resolve import ResolvedDocument, is_encoder_only
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.legacy import (
@@ -27,7 +27,7 @@ _GROUPS = "kv_cache_config.kv_cache_groups"
 _TENSORS = "kv_cache_config.kv_cache_tensors"
 
 
-def check_legacy(r: Resolved, *, per_layer: bool = False) -> list[Diagnostic]:
+def check_legacy(r: ResolvedDocument, *, per_layer: bool = False) -> list[Diagnostic]:
     """Every input error; an empty list means the document can be planned.
 
     ``per_layer``: kvcached's per-layer pool layout, whose engine core counts one pool per
@@ -68,7 +68,7 @@ def unsupported_reason(spec: LegacySpec) -> str | None:
     return None
 
 
-def _unsupported_specs(r: Resolved) -> list[Diagnostic]:
+def _unsupported_specs(r: ResolvedDocument) -> list[Diagnostic]:
     out = []
     for g, group in enumerate(r.doc.kv_cache_config.kv_cache_groups):
         for spec in _leaves(group.kv_cache_spec):
@@ -86,7 +86,7 @@ def _unsupported_specs(r: Resolved) -> list[Diagnostic]:
     return out
 
 
-def _membership(r: Resolved) -> list[Diagnostic]:
+def _membership(r: ResolvedDocument) -> list[Diagnostic]:
     cfg = r.doc.kv_cache_config
     out: list[Diagnostic] = []
     seen_group: dict[str, int] = {}
@@ -145,7 +145,7 @@ def _membership(r: Resolved) -> list[Diagnostic]:
     return out
 
 
-def _sharing(r: Resolved) -> list[Diagnostic]:
+def _sharing(r: ResolvedDocument) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for sharer, target in r.sharers.items():
         loc = f"shared_kv_cache_layers.{sharer}"
@@ -190,7 +190,7 @@ def _sharing(r: Resolved) -> list[Diagnostic]:
     return out
 
 
-def _tensor_sizes(r: Resolved) -> list[Diagnostic]:
+def _tensor_sizes(r: ResolvedDocument) -> list[Diagnostic]:
     cfg = r.doc.kv_cache_config
     out: list[Diagnostic] = []
     for name in r.backed_layers:
@@ -222,7 +222,7 @@ def _tensor_sizes(r: Resolved) -> list[Diagnostic]:
     return out
 
 
-def _backend_facts(r: Resolved) -> list[Diagnostic]:
+def _backend_facts(r: ResolvedDocument) -> list[Diagnostic]:
     cfg = r.doc.kv_cache_config
     out: list[Diagnostic] = []
     kbs = r.doc.kernel_block_sizes
@@ -248,7 +248,7 @@ def _backend_facts(r: Resolved) -> list[Diagnostic]:
 _SHAPE_HINT = "record what backend.get_kv_cache_shape/get_kv_cache_stride_order return for it"
 
 
-def _shape_problem(r: Resolved, name: str, spec: LegacyAttentionSpec) -> str | None:
+def _shape_problem(r: ResolvedDocument, name: str, spec: LegacyAttentionSpec) -> str | None:
     info = r.attn_of.get(name)
     if info is None or info.kv_cache_shape is None or info.stride_order is None:
         return "no attention group records its backend's kv_cache_shape and stride_order"
@@ -284,7 +284,7 @@ def _shape_problem(r: Resolved, name: str, spec: LegacyAttentionSpec) -> str | N
     return None
 
 
-def _scheduler(r: Resolved, per_layer: bool) -> list[Diagnostic]:
+def _scheduler(r: ResolvedDocument, per_layer: bool) -> list[Diagnostic]:
     """``scheduler_num_layers`` against the worker's pool count.
 
     The recorded count belongs to the engine core of the document's own ``binding.pool_layout``
@@ -309,7 +309,7 @@ def _scheduler(r: Resolved, per_layer: bool) -> list[Diagnostic]:
     ]
 
 
-def _inflation(r: Resolved, count: int, per_layer: bool) -> str:
+def _inflation(r: ResolvedDocument, count: int, per_layer: bool) -> str:
     """Why ``count`` is wrong: runner-only layers counted, or the other pool layout's count."""
     sizes = [len(g.layer_names) for g in r.doc.kv_cache_config.kv_cache_groups]
     inflated = sum(sizes) if per_layer else max(sizes, default=0)
@@ -330,7 +330,7 @@ def accepted_releases() -> str:
     return f"{minors[0]}–{minors[-1]}" if len(minors) > 1 else minors[0]
 
 
-def release_problems(r: Resolved) -> list[Diagnostic]:
+def release_problems(r: ResolvedDocument) -> list[Diagnostic]:
     """``KVP608`` for a release kvplan's legacy planner does not cover; ``KVP609`` for what
     the named release cannot have produced; ``KVP610`` for what it binds unlike 0.24."""
     version = r.doc.vllm_version
@@ -350,7 +350,7 @@ def release_problems(r: Resolved) -> list[Diagnostic]:
     return _mismatch(r, release) + _unmodelled(r, release)
 
 
-def _mismatch(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
+def _mismatch(r: ResolvedDocument, release: LegacyRelease) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     fix = "name the vLLM release the document was captured from in vllm_version"
     if not release.packed_tensors:
@@ -385,7 +385,7 @@ def _mismatch(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
     return out
 
 
-def _unmodelled(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
+def _unmodelled(r: ResolvedDocument, release: LegacyRelease) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     fix = (
         "plan this model with a vLLM release whose binding kvplan reproduces (see docs/versions.md)"
@@ -437,7 +437,7 @@ def _unmodelled(r: Resolved, release: LegacyRelease) -> list[Diagnostic]:
     return out
 
 
-def _group_leaves(r: Resolved) -> list[tuple[int, LegacySpec]]:
+def _group_leaves(r: ResolvedDocument) -> list[tuple[int, LegacySpec]]:
     return [
         (g, spec)
         for g, group in enumerate(r.doc.kv_cache_config.kv_cache_groups)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from kvplan.planner._text import nums
 from kvplan.planner.legacy._binding import (
-    Binding,
+    LegacyBinding,
     aliases_of,
     dense_strides,
     mamba_state_views,
 )
-from kvplan.planner.legacy._resolve import Resolved
+from kvplan.planner.legacy._resolve import ResolvedDocument
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.legacy import (
@@ -98,7 +98,7 @@ def _is_attention(spec: LegacySpec) -> bool:
     return isinstance(spec, LegacyFullAttentionSpec | LegacySlidingWindowSpec)
 
 
-def _attention_type(r: Resolved) -> str:
+def _attention_type(r: ResolvedDocument) -> str:
     specs = [r.group_spec(g) for g, layers in enumerate(r.backed) if layers]
     if any(isinstance(s, LegacyMLAAttentionSpec) for s in specs):
         return MLA
@@ -108,7 +108,7 @@ def _attention_type(r: Resolved) -> str:
     return MHA
 
 
-def _groups(r: Resolved, attention_type: str) -> list[_Group]:
+def _groups(r: ResolvedDocument, attention_type: str) -> list[_Group]:
     """Attention groups with kvcached's reading of their backend shape (validated)."""
     out = []
     for gid, group in enumerate(r.doc.kv_cache_config.kv_cache_groups):
@@ -209,7 +209,7 @@ def _refuse_per_layer_mamba() -> _Refused:
 
 
 def kvcached_geometry_of(
-    r: Resolved, layout: PoolLayout, virtual_capacity: int | None, page: int
+    r: ResolvedDocument, layout: PoolLayout, virtual_capacity: int | None, page: int
 ) -> tuple[KvcachedGeometry, list[_Group]]:
     """kvcached's pool geometry for a checked document; raises ``_Refused``."""
     contiguous, per_layer = layout == "contiguous", layout == "per-layer"
@@ -272,9 +272,9 @@ def kvcached_geometry_of(
 
 
 def bind_kvcached(
-    r: Resolved, layout: PoolLayout, virtual_capacity: int | None, page: int
-) -> Binding:
-    out = Binding(layout=f"kvcached/{layout}")
+    r: ResolvedDocument, layout: PoolLayout, virtual_capacity: int | None, page: int
+) -> LegacyBinding:
+    out = LegacyBinding(layout=f"kvcached/{layout}")
     try:
         geo, groups = kvcached_geometry_of(r, layout, virtual_capacity, page)
         hetero = geo.attention_type != HYBRID and len({g.geom for g in groups}) > 1
@@ -310,7 +310,7 @@ def bind_kvcached(
     return out
 
 
-def _pool_indices(r: Resolved, per_layer: bool) -> dict[str, int]:
+def _pool_indices(r: ResolvedDocument, per_layer: bool) -> dict[str, int]:
     """Layer → pool: layer ``i`` of every group binds pool ``i``; per-layer, each layer its own
     pool, numbered in group then ``layer_names`` order (v0.8's sequential ``layer_id``)."""
     if per_layer:
@@ -343,7 +343,9 @@ def _pool(geo: KvcachedGeometry, i: int) -> str:
     return "kv_contiguous" if geo.contiguous else f"kv_{i}"
 
 
-def _attention_view(r: Resolved, geo: KvcachedGeometry, g: _Group, layer: str, i: int) -> View:
+def _attention_view(
+    r: ResolvedDocument, geo: KvcachedGeometry, g: _Group, layer: str, i: int
+) -> View:
     dtype = g.spec.dtype
     isz = itemsize(dtype)
     n, pools = geo.num_blocks, geo.num_pools
@@ -388,7 +390,12 @@ def _attention_view(r: Resolved, geo: KvcachedGeometry, g: _Group, layer: str, i
 
 
 def _mamba_views(
-    r: Resolved, geo: KvcachedGeometry, first: _Group, layer: str, spec: LegacyMambaSpec, i: int
+    r: ResolvedDocument,
+    geo: KvcachedGeometry,
+    first: _Group,
+    layer: str,
+    spec: LegacyMambaSpec,
+    i: int,
 ) -> list[View]:
     page = 2 * _block_mem(first, HYBRID)  # == spec.page_size_bytes (checked)
     if geo.contiguous:

@@ -16,7 +16,7 @@ from kvplan.schemas.legacy import (
 
 
 @dataclass
-class Resolved:
+class ResolvedDocument:
     """Indexes over one legacy document (built once, read by checks and strategies)."""
 
     doc: LegacyInputDocument
@@ -71,9 +71,9 @@ class Resolved:
         return len(self.backed_layers) if per_layer else self.group_size
 
 
-def resolve(doc: LegacyInputDocument) -> Resolved:
+def resolve(doc: LegacyInputDocument) -> ResolvedDocument:
     cfg = doc.kv_cache_config
-    r = Resolved(doc=doc, sharers=dict(doc.shared_kv_cache_layers))
+    r = ResolvedDocument(doc=doc, sharers=dict(doc.shared_kv_cache_layers))
     r.runner_only = frozenset(doc.runner_only_attn_layers) | frozenset(doc.shared_kv_cache_layers)
     for g, group in enumerate(cfg.kv_cache_groups):
         for name in group.layer_names:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 
 from kvplan.planner.legacy._binding import (
-    Binding,
+    LegacyBinding,
     aliases_of,
     dense_strides,
     inverse,
     mamba_state_views,
     permute,
 )
-from kvplan.planner.legacy._resolve import Resolved
+from kvplan.planner.legacy._resolve import ResolvedDocument
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.legacy import LegacyAttentionSpec, LegacyMambaSpec
 from kvplan.schemas.plan import Pool, View
@@ -29,16 +29,16 @@ POOL_ALIGNMENT = 256
 PACKED_POOL = "packed"
 
 
-def pool_name(r: Resolved, tensor: int) -> str:
+def pool_name(r: ResolvedDocument, tensor: int) -> str:
     """``tensor_<i>``, or ``packed`` for every packed tensor (they share one allocation)."""
     if r.doc.kv_cache_config.kv_cache_tensors[tensor].block_stride:
         return PACKED_POOL
     return f"tensor_{tensor}"
 
 
-def bind_vanilla(r: Resolved) -> Binding:
+def bind_vanilla(r: ResolvedDocument) -> LegacyBinding:
     cfg = r.doc.kv_cache_config
-    out = Binding(layout=f"vanilla/{r.doc.kv_cache_layout or 'NHD'}")
+    out = LegacyBinding(layout=f"vanilla/{r.doc.kv_cache_layout or 'NHD'}")
     for t, tensor in enumerate(cfg.kv_cache_tensors):
         name = pool_name(r, t)
         if name == PACKED_POOL and any(p.name == PACKED_POOL for p in out.pools):
@@ -66,7 +66,9 @@ def bind_vanilla(r: Resolved) -> Binding:
     return out
 
 
-def _attention_view(r: Resolved, layer: str, spec: LegacyAttentionSpec, hybrid: bool) -> View:
+def _attention_view(
+    r: ResolvedDocument, layer: str, spec: LegacyAttentionSpec, hybrid: bool
+) -> View:
     info = r.attn_of[layer]
     assert info.kv_cache_shape is not None and info.stride_order is not None  # checked
     shape, order = list(info.kv_cache_shape), list(info.stride_order)
@@ -102,7 +104,7 @@ def _attention_view(r: Resolved, layer: str, spec: LegacyAttentionSpec, hybrid: 
     )
 
 
-def _mamba_views(r: Resolved, layer: str, spec: LegacyMambaSpec) -> list[View]:
+def _mamba_views(r: ResolvedDocument, layer: str, spec: LegacyMambaSpec) -> list[View]:
     t = r.tensor_of[layer]
     tensor = r.doc.kv_cache_config.kv_cache_tensors[t]
     blocks = tensor.size // (tensor.block_stride or spec.page_size_bytes)

@@ -1,7 +1,8 @@
 """What ``kvplan doctor`` checks: could vLLM start with kvplan's plugin, as configured now?
 
 Nothing is patched. vLLM is imported (its runner modules too, to read the signatures of
-the patch targets); no CUDA context is created.
+the patch targets); no CUDA context is created. Every backend the plugin can bind with (the
+executor's registry, ``backend_names(plugin=True)``) is probed with its ``available()``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from kvplan.executor.backends import backend_class, backend_names
 from kvplan.integrations.vllm import _refusals as refusals
 from kvplan.integrations.vllm import versions
-from kvplan.integrations.vllm._patch_settings import backend_status, read_settings
+from kvplan.integrations.vllm._patch_settings import read_settings
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 
 GROUP = "vllm.general_plugins"
@@ -38,6 +40,8 @@ class Report:
     settings: dict[str, Any] = field(default_factory=dict)
     backend_available: bool = False
     backend_detail: str = ""
+    backends: list[dict[str, Any]] = field(default_factory=list)
+    """Every backend ``KVPLAN_BACKEND`` accepts: name, availability, capabilities."""
     target_table: str | None = None
     targets: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Diagnostic] = field(default_factory=list)
@@ -91,6 +95,7 @@ class Report:
                 "available": self.backend_available,
                 "detail": self.backend_detail,
             },
+            "backends": self.backends,
             "adapter": self.target_table,
             "targets": self.targets,
             "problems": [p.model_dump(mode="json") for p in self.problems],
@@ -196,6 +201,27 @@ def _check_targets(report: Report) -> None:
             report.problems.append(refusals.target_unusable(version, found))
 
 
+def backend_rows() -> list[dict[str, Any]]:
+    """One row per backend the plugin can bind with: ``available()`` and ``info``."""
+    rows = []
+    for name in backend_names(plugin=True):
+        cls = backend_class(name)
+        why = cls.available()
+        info = cls.info
+        rows.append(
+            {
+                "name": name,
+                "available": why is None,
+                "detail": info.summary if why is None else why,
+                "devices": list(info.devices),
+                "elastic": info.elastic,
+                "granularity_default": info.granularity_default,
+                "pooled_allocation_ok": info.pooled_allocation_ok,
+            }
+        )
+    return rows
+
+
 def diagnose(environ: Mapping[str, str] | None = None) -> Report:
     """Every check, in the order a user would fix them."""
     import kvplan
@@ -208,15 +234,14 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
     report.entry_point = _entry_point()
     report.vllm_plugins = _allowlist(env)
     _check_plugin(report)
-    report.backend_available, report.backend_detail = backend_status(settings.backend)
-    if not report.backend_available:
+    report.backends = backend_rows()
+    chosen = [row for row in report.backends if row["name"] == settings.backend]
+    if chosen:  # else KVPLAN_BACKEND names no plugin backend: read_settings reported it
+        report.backend_available = chosen[0]["available"]
+        report.backend_detail = chosen[0]["detail"]
+    if chosen and not report.backend_available:
         report.problems.append(
-            error(
-                Code.INTEGRATION,
-                "KVPLAN_BACKEND",
-                f"the {settings.backend} backend is unavailable: {report.backend_detail}.",
-                "set KVPLAN_BACKEND=torch (any device), or install what it needs",
-            )
+            refusals.backend_unavailable(settings.backend, report.backend_detail)
         )
     if vllm is not None:
         _check_targets(report)
