@@ -262,9 +262,9 @@ def trim(
             break
         if c not in ledger.users:  # released already, with another page's blocks
             continue
-        users = sorted(ledger.users[c])
-        unbacked.extend(users)
+        blocks = sorted(ledger.users[c])
+        unbacked.extend(blocks)
         before = ledger.mapped_bytes
-        ledger.unback(users)
+        ledger.unback(blocks)
         reserve_bytes -= before - ledger.mapped_bytes
     return TrimResult(tuple(sorted(evicted)), tuple(unbacked), cached_bytes, reserve_bytes)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 
@@ -451,7 +451,7 @@ class WorkerSide:
     reserve_bytes: int = 0
     peak_mapped_bytes: int = 0
     checked: bool = False
-    state: str = "bound"
+    state: Literal["bound", "running", "closed"] = "bound"
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _reporter: StatsReporter | None = None
 
@@ -516,7 +516,7 @@ class WorkerSide:
             rank=int(self.label.removeprefix("rank") or 0),
             pid=os.getpid(),
             time=time.time(),
-            state=self.state,  # type: ignore[arg-type]
+            state=self.state,
             backend=self.backend,
             chunk_bytes=cache.chunk_bytes,
             num_blocks=cache.page_index.num_blocks,

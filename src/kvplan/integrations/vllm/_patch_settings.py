@@ -128,11 +128,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
                 f"point {ENV_PLAN_DIR} at a directory `kvplan golden` wrote, or unset it",
             )
         )
-    elastic = ElasticSettings()
+    elastic_settings = ElasticSettings()
     if mode == "elastic":
-        elastic, bad_elastic = read_elastic_settings(env)
+        elastic_settings, bad_elastic = read_elastic_settings(env)
         problems.extend(bad_elastic)
-    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir, elastic)
+    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir, elastic_settings)
     return settings, problems
 
 
