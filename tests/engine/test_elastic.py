@@ -36,12 +36,15 @@ PROMPTS = [
     _C[: 2 * BLOCK_SIZE] + [(17 * i) % 500 + 3 for i in range(12)],  # shares C's two blocks
 ]
 ROUNDS = [[0, 1, 2, 3], [0, 1, 2, 3]]
-MAX_TOKENS = 40
-"""80 prompt + 40 generated tokens: 4 blocks of 32 per request, 16 for a round's 4."""
-DISTINCT_BLOCKS = 4 + 2 + 4 + 2 + 1
-"""A round's requests hold 12 distinct blocks at their peak (two share two), plus block 0."""
-TIGHT_BLOCKS = 10
-"""The tight limit backs the null block and 10 more: fewer than 4 running requests need."""
+MAX_TOKENS = 20
+"""Prompts of 80, 73, 72 and 76 tokens + 20 generated: 4, 3, 3 and 3 blocks of 32."""
+DISTINCT_BLOCKS = 4 + 1 + 3 + 1 + 1
+"""A round's requests hold 9 distinct blocks at their peak (two share two), plus block 0."""
+ENGINE = {**ENGINE_ARGS, "max_model_len": 128}
+"""A shorter max_model_len lets the tight limit be small: it must hold one longest request."""
+TIGHT_BLOCKS = 6
+"""The tight limit backs the null block and 6 more: fewer than the round's 4 requests need,
+more than one request of max_model_len (4 blocks) needs."""
 
 _RUNS: dict[str, EngineRun] = {}
 
@@ -68,7 +71,7 @@ def elastic_run(
             work = tmp_path_factory.mktemp(f"elastic-{model}")
             _RUNS[model] = run_engines(
                 engine_python, write_model(model, work / "model"), variants(model, work), work,
-                prompts=PROMPTS, batches=ROUNDS, engine=ENGINE_ARGS, max_tokens=MAX_TOKENS,
+                prompts=PROMPTS, batches=ROUNDS, engine=ENGINE, max_tokens=MAX_TOKENS,
             )  # fmt: skip
         return _RUNS[model]
 
@@ -157,7 +160,7 @@ def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:
     )
     with pytest.raises(AssertionError, match=r"engine driver failed \(exit -11\)") as failed:
         run_engines(
-            engine_python, model, [broken], tmp_path, prompts=PROMPTS[:1], engine=ENGINE_ARGS,
+            engine_python, model, [broken], tmp_path, prompts=PROMPTS[:1], engine=ENGINE,
             max_tokens=4,
         )  # fmt: skip
     assert "skips mapping block" in str(failed.value)
