@@ -125,7 +125,7 @@ def _per_token(spec: Any, layers: int) -> float:
 
 def render(result: InspectResult) -> None:
     """Human output (rich tables on stdout)."""
-    from kvplan.schemas.specs import UniformTypeKVCacheSpecs, layer_spec
+    from kvplan.schemas.specs import UniformTypeKVCacheSpecs, layer_spec, spec_kind
 
     console = stdout_console()
     doc, plan = result.document, result.plan
@@ -159,12 +159,12 @@ def render(result: InspectResult) -> None:
     for gid, group in enumerate(config.kv_cache_groups):
         spec = group.kv_cache_spec
         kind = _kind(spec.kind)
-        per_token = _per_token(
-            spec, 1 if isinstance(spec, UniformTypeKVCacheSpecs) else len(group.layer_names)
-        )
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            kind += f"[{_kind(spec.first_spec.kind)}]"
-        mamba = "Mamba" in kind
+        uniform = isinstance(spec, UniformTypeKVCacheSpecs)
+        per_token = _per_token(spec, 1 if uniform else len(group.layer_names))
+        leaf = spec.first_spec if isinstance(spec, UniformTypeKVCacheSpecs) else spec
+        if uniform:
+            kind += f"[{_kind(leaf.kind)}]"
+        mamba = spec_kind(leaf).is_mamba
         stored += 0.0 if mamba else per_token
         groups.add_row(
             str(gid),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kvplan.planner._overlap import Budget, find_overlaps
-from kvplan.planner._plan_rules import RAW_STORAGE_KINDS, check_plan
+from kvplan.planner._plan_rules import check_plan
 from kvplan.planner._text import num
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 from kvplan.schemas.plan import BindingPlan, View
@@ -131,7 +131,7 @@ def verify(
                     "the binding does not follow the plan; re-plan or fix the allocator",
                 )
             )
-        elif view.kind not in RAW_STORAGE_KINDS:
+        elif not view.is_raw_storage:
             actual[(view.pool, view.group)].append(real)
     budget = Budget()
     for (pool_name, group), views in sorted(actual.items()):

@@ -14,8 +14,6 @@ INT64_MAX = (1 << 63) - 1
 VMM_GRANULARITY = 2 << 20
 """Default CUDA VMM allocation granularity (bytes); pools should be a multiple of it."""
 
-RAW_STORAGE_KINDS = frozenset({"HiSparseHotSpec", "HiSparseResidentSpec"})
-
 
 def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> list[Diagnostic]:
     """Every geometric problem of ``plan``; warnings for pools off the VMM granularity.
@@ -74,7 +72,7 @@ def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> list
         if problem:
             out.append(problem)
             continue
-        if view.kind not in RAW_STORAGE_KINDS:
+        if not view.is_raw_storage:
             by_group[(view.pool, view.group)].append(view)
     budget = Budget()
     for (pool_name, group), views in sorted(by_group.items()):

@@ -202,13 +202,53 @@ def warning(code: Code, location: str, message: str, hint: str = "") -> Diagnost
     )
 
 
+class Findings(list[Diagnostic]):
+    """Every problem one step found: the one way problems travel in kvplan.
+
+    A ``list`` of :class:`Diagnostic` (errors and warnings together, in the order found) with
+    what every caller used to write by hand: :attr:`errors`, :attr:`warnings`,
+    :meth:`raise_for_errors` (as httpx's ``raise_for_status``: raise only when something is
+    wrong) and :meth:`render` (one paragraph per finding, "... Fix: ...").
+    """
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self if d.is_error]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self if not d.is_error]
+
+    @property
+    def ok(self) -> bool:
+        """No errors (warnings allowed)."""
+        return not any(d.is_error for d in self)
+
+    def raise_for_errors(self, *, strict: bool = False) -> None:
+        """Raise :class:`KVPlanError` with every error; ``strict``: warnings count as errors
+        (raised as errors, so the message and exit status say what failed)."""
+        bad = self.as_errors() if strict else self.errors
+        if bad:
+            raise KVPlanError(bad)
+
+    def as_errors(self) -> Findings:
+        """Every finding, warnings promoted to errors (``--strict``, the plugin's strict mode)."""
+        return Findings(
+            d if d.is_error else d.model_copy(update={"severity": Severity.ERROR}) for d in self
+        )
+
+    def render(self) -> str:
+        """Errors first, then warnings: one rendered paragraph a line."""
+        return "\n".join(d.render() for d in sorted(self, key=lambda d: not d.is_error))
+
+
 class KVPlanError(Exception):
     """Raised for bad input or a failed plan/apply; carries every diagnostic found."""
 
     def __init__(self, diagnostics: list[Diagnostic] | Diagnostic) -> None:
         if isinstance(diagnostics, Diagnostic):
             diagnostics = [diagnostics]
-        self.diagnostics: list[Diagnostic] = list(diagnostics)
+        self.diagnostics: Findings = Findings(diagnostics)
         super().__init__(self._summary())
 
     def _summary(self) -> str:

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from kvplan.schemas.dtypes import DType, itemsize
-from kvplan.schemas.specs import _by_name
+from kvplan.schemas.specs import KVCacheSpecKind, _by_name
 
 LEGACY_INPUT_FORMAT = "kvplan.input-legacy/1"
 KVCACHED_PAGE_SIZE = 2 << 20
@@ -402,21 +402,16 @@ LegacyAnySpec = Annotated[
     Field(discriminator="kind"),
 ]
 
-LEGACY_SPEC_KINDS: tuple[str, ...] = (
-    "AttentionSpec",
-    "FullAttentionSpec",
-    "SlidingWindowSpec",
-    "ChunkedLocalAttentionSpec",
-    "MLAAttentionSpec",
-    "HiddenStateCacheSpec",
-    "SlidingWindowMLASpec",
-    "TQFullAttentionSpec",
-    "EncoderOnlyAttentionSpec",
-    "CrossAttentionSpec",
-    "SinkFullAttentionSpec",
-    "MambaSpec",
-    "UniformTypeKVCacheSpecs",
+_NOT_IN_LEGACY = frozenset(
+    {
+        KVCacheSpecKind.RSWA,
+        KVCacheSpecKind.CIRCULAR_BUFFER,
+        KVCacheSpecKind.HISPARSE_HOT,
+        KVCacheSpecKind.HISPARSE_RESIDENT,
+    }
 )
+LEGACY_SPEC_KINDS: tuple[str, ...] = tuple(k for k in KVCacheSpecKind if k not in _NOT_IN_LEGACY)
+"""The kinds a ``kvplan.input-legacy/1`` document may name (vLLM 0.24's spec classes)."""
 
 
 class LegacyKVCacheTensor(_Frozen):
