@@ -11,6 +11,14 @@ _UNITS.update(_BINARY)
 _UNITS.update({f"{u}IB": v for u, v in _BINARY.items()})
 _UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGT")})
 
+VMM_GRANULARITY = 2 << 20
+"""2 MiB: the allocation granularity of CUDA's virtual memory API on current GPUs
+(``cuMemGetAllocationGranularity`` with ``CU_MEM_ALLOC_GRANULARITY_MINIMUM``), which is why
+kvcached's physical page defaults to it (``KVCACHED_PAGE_SIZE_MB=2``). Pools are checked
+against it (``KVP308``) and the elastic executor maps chunks of it by default."""
+POOL_ALIGNMENT = 256
+"""Base alignment kvplan asks of a pool (bytes): cudaMalloc's guarantee, which kernels assume."""
+
 MAX_SIZE = (1 << 63) - 1
 """Largest size :func:`parse_size` returns (the signed 64-bit range)."""
 MAX_OPTION_BYTES = 1 << 50

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvplan.planner._geometry import GeometryError, tensor_geometry
+from kvplan.planner._geometry import tensor_geometry
 from kvplan.planner._text import num, nums
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
@@ -17,10 +17,9 @@ from kvplan.schemas.input import InputDocument
 from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import Alias, Pool, View
 from kvplan.schemas.specs import MLAAttentionSpec, Spec, layer_spec
+from kvplan.units import POOL_ALIGNMENT
 
 POOL_NAME = "kv_cache"
-POOL_ALIGNMENT = 256
-"""Base alignment kvplan asks of a pool (bytes): cudaMalloc's guarantee, which kernels assume."""
 
 
 @dataclass
@@ -115,9 +114,11 @@ def _tensor_views(
     kernel: int | None,
 ) -> list[View] | Diagnostic:
     loc = f"kv_cache_config.kv_cache_tensors[{t_index}]"
-    geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel)
-    if isinstance(geo, GeometryError):
-        return error(Code[geo.code], loc, geo.message, geo.hint)
+    geo = tensor_geometry(
+        spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel, loc
+    )
+    if isinstance(geo, Diagnostic):
+        return geo
     dtype = spec.view_dtype
     isz = itemsize(dtype)
     _, b, h, n, c_bytes = geo.shape

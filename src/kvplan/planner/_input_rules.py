@@ -6,7 +6,7 @@ from collections import Counter
 
 from kvplan.planner._sharing import analyse
 from kvplan.planner._text import names, num
-from kvplan.schemas.errors import Code, Diagnostic, error
+from kvplan.schemas.errors import Code, Diagnostic, Findings, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.specs import (
     EncoderOnlyAttentionSpec,
@@ -20,10 +20,10 @@ def _loc_tensor(i: int, field: str = "") -> str:
     return f"kv_cache_config.kv_cache_tensors[{i}]" + (f".{field}" if field else "")
 
 
-def check_input(doc: InputDocument) -> list[Diagnostic]:
+def check_input(doc: InputDocument) -> Findings:
     """Every problem in ``doc`` that would make vLLM bind wrongly or refuse to start."""
     cfg = doc.kv_cache_config
-    out: list[Diagnostic] = []
+    out = Findings()
     shared = doc.shared_kv_cache_layers
 
     group_of: dict[str, int] = {}

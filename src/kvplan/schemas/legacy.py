@@ -29,10 +29,15 @@ from pydantic import (
 
 from kvplan.schemas.dtypes import DType, itemsize
 from kvplan.schemas.specs import KVCacheSpecKind, _by_name
+from kvplan.units import VMM_GRANULARITY
 
 LEGACY_INPUT_FORMAT = "kvplan.input-legacy/1"
-KVCACHED_PAGE_SIZE = 2 << 20
-"""kvcached's default physical page (``KVCACHED_PAGE_SIZE_MB=2``)."""
+FP8_DS_MLA_TOKEN_BYTES = 656
+"""Bytes per token of DeepSeek V3.2's ``fp8_ds_mla`` cache: 512 fp8 NoPE values, 4 float32
+scales, 64 bf16 RoPE values (vLLM's ``v1/attention/backends/mla/flashmla_sparse.py``)."""
+FP8_DS_MLA_V4_TOKEN_BYTES = 584
+"""Bytes per token of DeepSeek V4's ``fp8_ds_mla`` cache: 448 fp8 NoPE values, 64 bf16 RoPE
+values, 7 ue8m0 scales and a pad byte (same file)."""
 
 PER_TOKEN_HEAD_SCALE_BYTES = 4
 """0.24 budgets one float32 scale per token, head and K/V in the page."""
@@ -295,8 +300,8 @@ class _MLAPage:
         storage = self.block_size // self.compress_ratio
         if self.cache_dtype_str == "fp8_ds_mla":
             if self.model_version == "deepseek_v4":
-                return storage * 584
-            return self.block_size * 656
+                return storage * FP8_DS_MLA_V4_TOKEN_BYTES
+            return self.block_size * FP8_DS_MLA_TOKEN_BYTES
         return storage * self.num_kv_heads * self.head_size * itemsize(self.dtype)
 
     def _mla_page(self) -> int:
@@ -478,7 +483,7 @@ class BindingOptions(_Frozen):
         default=None, gt=0, description="address space each kvcached pool reserves"
     )
     page_size_bytes: int = Field(
-        default=KVCACHED_PAGE_SIZE, gt=0, description="kvcached's physical page (PAGE_SIZE)"
+        default=VMM_GRANULARITY, gt=0, description="kvcached's physical page (PAGE_SIZE)"
     )
 
 

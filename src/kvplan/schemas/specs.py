@@ -162,10 +162,7 @@ class KVCacheSpecKind(StrEnum):
     @classmethod
     def of(cls, name: object) -> KVCacheSpecKind | None:
         """The member named ``name`` (a class name), or None for a kind kvplan does not know."""
-        try:
-            return cls(name)
-        except ValueError:
-            return None
+        return cls._value2member_map_.get(name) if isinstance(name, str) else None  # type: ignore[return-value]
 
     @property
     def family(self) -> KVCacheSpecFamily:

@@ -13,6 +13,7 @@ The formulas are in ``docs/layouts.md``; they follow kvcached's ``alloc_kv_cache
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from kvplan.planner._text import nums
 from kvplan.planner.legacy._binding import (
@@ -23,7 +24,7 @@ from kvplan.planner.legacy._binding import (
 )
 from kvplan.planner.legacy._resolve import Resolved
 from kvplan.schemas.dtypes import itemsize
-from kvplan.schemas.errors import Code, Diagnostic, error
+from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.legacy import (
     LegacyAttentionSpec,
     LegacyFullAttentionSpec,
@@ -35,14 +36,34 @@ from kvplan.schemas.legacy import (
 )
 from kvplan.schemas.plan import Pool, View
 
-MHA, MLA, HYBRID = "MHA", "MLA", "HYBRID_LINEAR"
+
+class AttentionType(StrEnum):
+    """kvcached's ``attention_type`` of a model, and the buffer counts that follow from it."""
+
+    MHA = "MHA"
+    MLA = "MLA"
+    HYBRID = "HYBRID_LINEAR"
+    """Full attention and Mamba layers in one unified pool."""
+
+    @property
+    def kv_buffers(self) -> int:
+        """Worker buffers per pool: 1 for MLA (one latent buffer), else 2 (a K and a V half)."""
+        return 1 if self is AttentionType.MLA else 2
+
+    @property
+    def scheduler_kv_buffers(self) -> int:
+        """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
+        return 1 if self in (AttentionType.MLA, AttentionType.HYBRID) else 2
+
+
+MHA, MLA, HYBRID = AttentionType.MHA, AttentionType.MLA, AttentionType.HYBRID
 
 
 @dataclass(frozen=True)
 class KvcachedGeometry:
     """The numbers the engine core and every worker must agree on (kvcached #472)."""
 
-    attention_type: str
+    attention_type: AttentionType
     contiguous: bool
     per_layer: bool
     """One pool per tensor-backed layer (kvcached's v0.8 binding) instead of per group index."""
@@ -55,7 +76,7 @@ class KvcachedGeometry:
     kv_bytes: int
     """Per pool, bytes of the K half (= of the V half; MLA: of the buffer)."""
     ftensor_bytes: int
-    """Per pool reservation: ``kv_bytes * (1 if MLA else 2)``."""
+    """Per pool reservation: ``kv_bytes * attention_type.kv_buffers``."""
     num_blocks: int
     """Virtual blocks per pool: ``kv_bytes // bm`` (``bm`` = one K-or-V block)."""
     page_size_bytes: int
@@ -83,22 +104,17 @@ class _Group:
         return (self.block_size, self.heads, self.head)
 
 
-class _Refused(Exception):
-    def __init__(self, diagnostic: Diagnostic) -> None:
-        self.diagnostic = diagnostic
-
-
 def _refuse(
     where: str, message: str, hint: str = "", code: Code = Code.KVCACHED_UNSUPPORTED
-) -> _Refused:
-    return _Refused(error(code, where, f"kvcached: {message}", hint))
+) -> KVPlanError:
+    return KVPlanError(error(code, where, f"kvcached: {message}", hint))
 
 
 def _is_attention(spec: LegacySpec) -> bool:
     return isinstance(spec, LegacyFullAttentionSpec | LegacySlidingWindowSpec)
 
 
-def _attention_type(r: Resolved) -> str:
+def _attention_type(r: Resolved) -> AttentionType:
     specs = [r.group_spec(g) for g, layers in enumerate(r.backed) if layers]
     if any(isinstance(s, LegacyMLAAttentionSpec) for s in specs):
         return MLA
@@ -108,7 +124,7 @@ def _attention_type(r: Resolved) -> str:
     return MHA
 
 
-def _groups(r: Resolved, attention_type: str) -> list[_Group]:
+def _groups(r: Resolved, attention_type: AttentionType) -> list[_Group]:
     """Attention groups with kvcached's reading of their backend shape (validated)."""
     out = []
     for gid, group in enumerate(r.doc.kv_cache_config.kv_cache_groups):
@@ -161,27 +177,26 @@ def _groups(r: Resolved, attention_type: str) -> list[_Group]:
     return out
 
 
-def _block_mem(group: _Group, attention_type: str) -> int:
+def _block_mem(group: _Group, attention_type: AttentionType) -> int:
     """Worker ``block_mem_bytes``: one K-or-V block (MHA, hybrid) or one block (MLA)."""
     heads = 1 if attention_type == MLA else group.heads
     return group.block_size * heads * group.head * itemsize(group.spec.dtype)
 
 
-def _check_groups(groups: list[_Group], attention_type: str, page: int) -> None:
+def _check_groups(groups: list[_Group], attention_type: AttentionType, page: int) -> None:
     first = groups[0]
-    nkvb = 1 if attention_type in (MLA, HYBRID) else 2
-    sched = first.spec.page_size_bytes // nkvb
+    sched = first.spec.page_size_bytes // attention_type.scheduler_kv_buffers
+    nkv = attention_type.kv_buffers
     for g in groups:
         where = f"kv_cache_config.kv_cache_groups[{g.gid}]"
         # _validate_kv_cache_groups: one block_mem_size and num_kv_buffers for all groups
-        mine = g.spec.page_size_bytes // (1 if attention_type == MLA else 2)
-        if mine != first.spec.page_size_bytes // (1 if attention_type == MLA else 2):
+        if g.spec.page_size_bytes // nkv != first.spec.page_size_bytes // nkv:
             raise _refuse(
                 where,
                 f"attention groups must share bytes per block; group {first.gid} has "
                 f"{first.spec.page_size_bytes} B pages, group {g.gid} {g.spec.page_size_bytes} B",
             )
-        geometric = _block_mem(g, attention_type) * (1 if attention_type == MLA else 2)
+        geometric = _block_mem(g, attention_type) * nkv
         if g.spec.page_size_bytes != geometric:
             raise _refuse(
                 where,
@@ -198,7 +213,7 @@ def _check_groups(groups: list[_Group], attention_type: str, page: int) -> None:
         )
 
 
-def _refuse_per_layer_mamba() -> _Refused:
+def _refuse_per_layer_mamba() -> KVPlanError:
     return _refuse(
         "binding.pool_layout",
         "the per-layer binding (v0.8 patch_initialize_kv_cache) has no Mamba state views: it "
@@ -211,7 +226,7 @@ def _refuse_per_layer_mamba() -> _Refused:
 def kvcached_geometry_of(
     r: Resolved, layout: PoolLayout, virtual_capacity: int | None, page: int
 ) -> tuple[KvcachedGeometry, list[_Group]]:
-    """kvcached's pool geometry for a checked document; raises ``_Refused``."""
+    """kvcached's pool geometry for a checked document; raises :class:`KVPlanError`."""
     contiguous, per_layer = layout == "contiguous", layout == "per-layer"
     attention_type = _attention_type(r)
     if per_layer and attention_type == HYBRID:
@@ -225,7 +240,7 @@ def kvcached_geometry_of(
             "attention+Mamba models need one attention geometry, got "
             f"{sorted({g.geom for g in groups})}",
         )
-    nkv = 1 if attention_type == MLA else 2
+    nkv = attention_type.kv_buffers
     align = 2 * page if attention_type == MLA else page
     bm = _block_mem(first, attention_type)
     if attention_type == HYBRID:
@@ -251,7 +266,7 @@ def kvcached_geometry_of(
             Code.VIRTUAL_CAPACITY_TOO_SMALL,
         )
     pools = r.num_pools(per_layer)
-    sched_nkvb = 1 if attention_type in (MLA, HYBRID) else 2
+    sched_nkvb = attention_type.scheduler_kv_buffers
     compound = page * pools * (1 if attention_type == HYBRID else nkv) if contiguous else page
     cell = first.spec.page_size_bytes // first.block_size // sched_nkvb
     geometry = KvcachedGeometry(
@@ -289,8 +304,8 @@ def bind_kvcached(
                         "use the non-contiguous layout (KVCACHED_CONTIGUOUS_LAYOUT=false)",
                         Code.CONTIGUOUS_KERNEL_SPLIT,
                     )
-    except _Refused as exc:
-        out.problems.append(exc.diagnostic)
+    except KVPlanError as exc:
+        out.problems.extend(exc.diagnostics)
         return out
     out.pools = _pools(geo)
     by_gid = {g.gid: g for g in groups}
@@ -305,7 +320,7 @@ def bind_kvcached(
                 g = by_gid[gid] if hetero else groups[0]
                 out.views.append(_attention_view(r, geo, g, layer, i))
     out.aliases = aliases_of(r.sharers)
-    nkv = 1 if geo.attention_type == MLA else 2
+    nkv = geo.attention_type.kv_buffers
     out.bytes_per_block = geo.num_pools * nkv * _block_mem(groups[0], geo.attention_type)
     return out
 
