@@ -25,21 +25,41 @@ MAX_OPTION_BYTES = 1 << 50
 """Largest byte count a command-line option takes (1 PiB: above any device's memory)."""
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
     """Bytes in ``text``: ``KiB``…``TiB`` and bare ``K``…``T`` are binary, ``KB``…``TB`` decimal.
 
-    Raises ``ValueError`` for anything else, or for a size that is not positive.
+    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``). Anything else,
+    or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
+    ``KVP020`` at ``where`` (the option's name); a size above ``limit`` is ``KVP405``.
     """
+    from kvplan.schemas.errors import Code, KVPlanError, error
+
     shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
     match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
     unit = match.group(2).upper() if match else ""
+    problem = ""
+    value = 0
     if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read size {shown}; write e.g. 80GiB, 2MiB or 4096")
-    value = int(Fraction(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size {shown} is not positive")
-    if value > MAX_SIZE:
-        raise ValueError(f"size {shown} is larger than 8 EiB")
+        problem = f"cannot read size {shown}"
+    else:
+        value = int(Fraction(match.group(1)) * _UNITS[unit])
+        if value <= 0:
+            problem = f"size {shown} is not positive"
+        elif value > MAX_SIZE:
+            problem = f"size {shown} is larger than 8 EiB"
+    if problem:
+        raise KVPlanError(
+            error(Code.BAD_SIZE, where, f"{problem}.", "write e.g. 80GiB, 2MiB or 4096 (bytes)")
+        )
+    if value > limit:
+        raise KVPlanError(
+            error(
+                Code.OPTION_OUT_OF_RANGE,
+                where,
+                f"{human_bytes(value)} is larger than kvplan accepts ({human_bytes(limit)}).",
+                f"give at most {human_bytes(limit)}",
+            )
+        )
     return value
 
 

@@ -60,6 +60,12 @@ def show_value(value: Any, limit: int = MAX_REPR_CHARS) -> str:
     return printable(f"a {type(value).__name__}", limit)
 
 
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence (a full stop added unless it ends in ``.``, ``!``, ``?``)."""
+    text = text.rstrip()
+    return text if not text or text.endswith((".", "!", "?", "…")) else text + "."
+
+
 class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"
@@ -89,6 +95,9 @@ class Code(StrEnum):
     OUTPUT_IS_INPUT = "KVP017"
     STDOUT_FAILED = "KVP018"
     INTERNAL = "KVP019"
+    # options and values (020-024)
+    BAD_SIZE = "KVP020"
+    UNKNOWN_SCHEMA = "KVP021"
     # config semantics (1xx)
     BAD_NUM_BLOCKS = "KVP101"
     EMPTY_TENSOR = "KVP102"
@@ -184,11 +193,12 @@ class Diagnostic(BaseModel):
         return self.severity is Severity.ERROR
 
     def render(self) -> str:
-        """One paragraph: ``KVP201 error at model.layers.15: ... Fix: ...``."""
+        """One paragraph in the one message style of kvplan:
+        ``KVP201 error at model.layers.15: <what is wrong>. Fix: <what to do>.``"""
         where = f" at {self.location}" if self.location else ""
-        text = f"{self.code.value} {self.severity.value}{where}: {self.message}"
+        text = f"{self.code.value} {self.severity.value}{where}: {_sentence(self.message)}"
         if self.hint:
-            text += f" Fix: {self.hint}"
+            text += f" Fix: {_sentence(self.hint)}"
         return text
 
 
