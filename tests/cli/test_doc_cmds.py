@@ -142,3 +142,20 @@ def test_unknown_schema_name_is_a_coded_error_listing_the_known_names() -> None:
     result = runner.invoke(app, ["schema", "plans"])
     assert result.exit_code == 2
     assert result.stderr.startswith("KVP021") and "input, legacy, plan" in result.stderr
+
+
+def test_inspect_and_golden_add_take_the_same_inspect_options() -> None:
+    from dataclasses import fields
+
+    import typer.main
+
+    from kvplan.cli._inspect_flags import InspectFlags
+
+    root = typer.main.get_command(app)
+    inspect_cmd = root.commands["inspect"]  # type: ignore[attr-defined]
+    add_cmd = root.commands["golden"].commands["add"]  # type: ignore[attr-defined]
+    shared = {f.name for f in fields(InspectFlags)}
+    for command in (inspect_cmd, add_cmd):
+        assert shared <= {p.name for p in command.params}
+    bad = runner.invoke(app, ["golden", "add", "g", "some/model", "--gpu-memory", "0"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("KVP020 error at --gpu-memory")
