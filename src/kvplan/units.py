@@ -37,30 +37,20 @@ def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
     shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
     match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
     unit = match.group(2).upper() if match else ""
-    problem = ""
-    value = 0
+    value = int(Fraction(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
+    code, hint = Code.BAD_SIZE, "write e.g. 80GiB, 2MiB or 4096 (bytes)"
     if not match or unit not in _UNITS:
         problem = f"cannot read size {shown}"
+    elif value <= 0:
+        problem = f"size {shown} is not positive"
+    elif value > MAX_SIZE:
+        problem = f"size {shown} is larger than 8 EiB"
+    elif value > limit:
+        code, hint = Code.OPTION_OUT_OF_RANGE, f"give at most {human_bytes(limit)}"
+        problem = f"{human_bytes(value)} is larger than kvplan accepts ({human_bytes(limit)})"
     else:
-        value = int(Fraction(match.group(1)) * _UNITS[unit])
-        if value <= 0:
-            problem = f"size {shown} is not positive"
-        elif value > MAX_SIZE:
-            problem = f"size {shown} is larger than 8 EiB"
-    if problem:
-        raise KVPlanError(
-            error(Code.BAD_SIZE, where, f"{problem}.", "write e.g. 80GiB, 2MiB or 4096 (bytes)")
-        )
-    if value > limit:
-        raise KVPlanError(
-            error(
-                Code.OPTION_OUT_OF_RANGE,
-                where,
-                f"{human_bytes(value)} is larger than kvplan accepts ({human_bytes(limit)}).",
-                f"give at most {human_bytes(limit)}",
-            )
-        )
-    return value
+        return value
+    raise KVPlanError(error(code, where, problem, hint))
 
 
 def human_bytes(n: float) -> str:

@@ -68,20 +68,31 @@ class KvcachedGeometry:
     per_layer: bool
     """One pool per tensor-backed layer (kvcached's v0.8 binding) instead of per group index."""
     num_pools: int
-    num_kv_buffers: int
-    """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
     cell_size: int
     block_mem_bytes: int
     """Scheduler bytes per block and pool: ``block_size * cell_size``."""
     kv_bytes: int
     """Per pool, bytes of the K half (= of the V half; MLA: of the buffer)."""
-    ftensor_bytes: int
-    """Per pool reservation: ``kv_bytes * attention_type.kv_buffers``."""
     num_blocks: int
     """Virtual blocks per pool: ``kv_bytes // bm`` (``bm`` = one K-or-V block)."""
     page_size_bytes: int
-    compound_page_bytes: int
-    """Physical bytes one page id maps: ``P*L*nkvb`` contiguous, ``P`` per pool otherwise."""
+
+    @property
+    def num_kv_buffers(self) -> int:
+        """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
+        return self.attention_type.scheduler_kv_buffers
+
+    @property
+    def ftensor_bytes(self) -> int:
+        """Per pool reservation: ``kv_bytes`` times the worker's K/V buffers."""
+        return self.kv_bytes * self.attention_type.kv_buffers
+
+    @property
+    def compound_page_bytes(self) -> int:
+        """Physical bytes one page id maps: ``P*L*nkvb`` contiguous, ``P`` per pool otherwise."""
+        if not self.contiguous:
+            return self.page_size_bytes
+        return self.page_size_bytes * self.num_pools * self.num_kv_buffers
 
 
 @dataclass(frozen=True)
@@ -265,23 +276,17 @@ def kvcached_geometry_of(
             f"reserve at least {nkv * (-(-r.num_blocks * bm // align) * align)} B per pool",
             Code.VIRTUAL_CAPACITY_TOO_SMALL,
         )
-    pools = r.num_pools(per_layer)
-    sched_nkvb = attention_type.scheduler_kv_buffers
-    compound = page * pools * (1 if attention_type == HYBRID else nkv) if contiguous else page
-    cell = first.spec.page_size_bytes // first.block_size // sched_nkvb
+    cell = first.spec.page_size_bytes // first.block_size // attention_type.scheduler_kv_buffers
     geometry = KvcachedGeometry(
-        attention_type=attention_type,
-        contiguous=contiguous,
-        per_layer=per_layer,
-        num_pools=pools,
-        num_kv_buffers=sched_nkvb,
+        attention_type,
+        contiguous,
+        per_layer,
+        num_pools=r.num_pools(per_layer),
         cell_size=cell,
         block_mem_bytes=first.block_size * cell,
         kv_bytes=kv_bytes,
-        ftensor_bytes=kv_bytes * nkv,
         num_blocks=blocks,
         page_size_bytes=page,
-        compound_page_bytes=compound,
     )
     return geometry, groups
 
