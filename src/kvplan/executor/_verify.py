@@ -64,7 +64,7 @@ def verify(
     view) share no byte. Works for any tensors (kvplan's, vLLM's, meta). Layers the plan
     does not know are warnings.
     """
-    diags: list[Diagnostic] = [d for d in check_plan(plan, granularity=0) if d.is_error]
+    diags: list[Diagnostic] = check_plan(plan, granularity=0).errors
     bases: dict[str, int] = {}
     actual: dict[tuple[str, int], list[View]] = defaultdict(list)
     for view in plan.views:
