@@ -189,3 +189,29 @@ def test_base_kind_of_mixed_uniform_group_is_full_attention_as_in_vllm() -> None
     assert base_kind(same) is KVCacheSpecFamily.MLA_ATTENTION
     other = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full, "b": swa})
     assert base_kind(other) is KVCacheSpecFamily.UNKNOWN
+
+
+def test_findings_carry_errors_and_warnings_and_raise_only_for_errors() -> None:
+    from kvplan.schemas.errors import Code, Findings, error, warning
+
+    found = Findings(
+        [
+            warning(Code.POOL_NOT_GRANULAR, "pools.kv", "pool is 3 bytes", "round it"),
+            error(Code.ALIAS_SELF, "aliases.a", "layer aliases itself", "remove the alias."),
+        ]
+    )
+    assert [d.code for d in found.errors] == [Code.ALIAS_SELF]
+    assert [d.code for d in found.warnings] == [Code.POOL_NOT_GRANULAR]
+    assert not found.ok and Findings(found.warnings).ok
+    Findings(found.warnings).raise_for_errors()  # warnings alone do not raise
+    with pytest.raises(KVPlanError) as raised:
+        Findings(found.warnings).raise_for_errors(strict=True)
+    assert raised.value.code == Code.POOL_NOT_GRANULAR
+    with pytest.raises(KVPlanError) as raised:
+        found.raise_for_errors()
+    assert raised.value.diagnostics == found.errors
+    # one message style, errors first: "<CODE> <severity> at <where>: <what>. Fix: <do>."
+    assert found.render().splitlines() == [
+        "KVP205 error at aliases.a: layer aliases itself. Fix: remove the alias.",
+        "KVP308 warning at pools.kv: pool is 3 bytes. Fix: round it.",
+    ]

@@ -262,7 +262,7 @@ class KVPlanError(Exception):
         super().__init__(self._summary())
 
     def _summary(self) -> str:
-        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
+        errors = self.diagnostics.errors or self.diagnostics
         if len(errors) == 1:
             return errors[0].render()
         head = f"{len(errors)} errors; first: {errors[0].render()}"
@@ -270,5 +270,4 @@ class KVPlanError(Exception):
 
     @property
     def code(self) -> Code:
-        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
-        return errors[0].code
+        return (self.diagnostics.errors or self.diagnostics)[0].code
