@@ -163,11 +163,9 @@ def _narrate(message: str) -> None:
 def _prepare(input_only: bool) -> None:
     if input_only:
         return
-    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+    from kvplan.integrations.vllm import prepare_environment, require_vllm
 
-    if not vllm_available():
-        _narrate(f"kvplan golden needs vLLM to regenerate plans: {VLLM_EXTRA_HINT}")
-        raise typer.Exit(EXIT_ERROR)
+    require_vllm()
     prepare_environment(quiet=True)
 
 

@@ -14,7 +14,6 @@ from rich.text import Text
 from kvplan.cli._inspect_flags import InspectFlags, with_inspect_flags
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
-    EXIT_ERROR,
     cell,
     print_data,
     stderr_console,
@@ -50,13 +49,9 @@ def list_catalog() -> None:
 
 def run_inspect(model: str, options: InspectOptions, *, quiet: bool) -> InspectResult:
     """:func:`inspect_model` with a rich status line on stderr."""
-    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+    from kvplan.integrations.vllm import prepare_environment, require_vllm
 
-    if not vllm_available():
-        stderr_console().print(
-            f"kvplan inspect needs vLLM: {VLLM_EXTRA_HINT}", markup=False, highlight=False
-        )
-        raise typer.Exit(EXIT_ERROR)
+    require_vllm()
     prepare_environment(quiet=quiet)
     from kvplan.integrations.vllm.inspect import inspect_model
 
