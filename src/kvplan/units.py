@@ -11,28 +11,46 @@ _UNITS.update(_BINARY)
 _UNITS.update({f"{u}IB": v for u, v in _BINARY.items()})
 _UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGT")})
 
+VMM_GRANULARITY = 2 << 20
+"""2 MiB: the allocation granularity of CUDA's virtual memory API on current GPUs
+(``cuMemGetAllocationGranularity`` with ``CU_MEM_ALLOC_GRANULARITY_MINIMUM``), which is why
+kvcached's physical page defaults to it (``KVCACHED_PAGE_SIZE_MB=2``). Pools are checked
+against it (``KVP308``) and the elastic executor maps chunks of it by default."""
+POOL_ALIGNMENT = 256
+"""Base alignment kvplan asks of a pool (bytes): cudaMalloc's guarantee, which kernels assume."""
+
 MAX_SIZE = (1 << 63) - 1
 """Largest size :func:`parse_size` returns (the signed 64-bit range)."""
 MAX_OPTION_BYTES = 1 << 50
 """Largest byte count a command-line option takes (1 PiB: above any device's memory)."""
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
     """Bytes in ``text``: ``KiB``…``TiB`` and bare ``K``…``T`` are binary, ``KB``…``TB`` decimal.
 
-    Raises ``ValueError`` for anything else, or for a size that is not positive.
+    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``). Anything else,
+    or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
+    ``KVP020`` at ``where`` (the option's name); a size above ``limit`` is ``KVP405``.
     """
+    from kvplan.schemas.errors import Code, KVPlanError, error
+
     shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
     match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
     unit = match.group(2).upper() if match else ""
+    value = int(Fraction(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
+    code, hint = Code.BAD_SIZE, "write e.g. 80GiB, 2MiB or 4096 (bytes)"
     if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read size {shown}; write e.g. 80GiB, 2MiB or 4096")
-    value = int(Fraction(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size {shown} is not positive")
-    if value > MAX_SIZE:
-        raise ValueError(f"size {shown} is larger than 8 EiB")
-    return value
+        problem = f"cannot read size {shown}"
+    elif value <= 0:
+        problem = f"size {shown} is not positive"
+    elif value > MAX_SIZE:
+        problem = f"size {shown} is larger than 8 EiB"
+    elif value > limit:
+        code, hint = Code.OPTION_OUT_OF_RANGE, f"give at most {human_bytes(limit)}"
+        problem = f"{human_bytes(value)} is larger than kvplan accepts ({human_bytes(limit)})"
+    else:
+        return value
+    raise KVPlanError(error(code, where, problem, hint))
 
 
 def human_bytes(n: float) -> str:

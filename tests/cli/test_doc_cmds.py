@@ -90,7 +90,11 @@ def test_diff_exit_codes_and_formats(gemma: Path, tmp_path: Path) -> None:
 
 
 def test_schema_commands_match_committed_files() -> None:
-    for which, name in (("input", "kvplan.input.schema.json"), ("plan", "kvplan.plan.schema.json")):
+    for which, name in (
+        ("input", "kvplan.input.schema.json"),
+        ("legacy", "kvplan.input-legacy.schema.json"),
+        ("plan", "kvplan.plan.schema.json"),
+    ):
         result = runner.invoke(app, ["schema", which])
         assert result.exit_code == 0
         committed = (ROOT / "schemas" / name).read_text()
@@ -132,3 +136,26 @@ def test_every_code_is_documented() -> None:
     text = (ROOT / "docs" / "formats.md").read_text()
     missing = [c.value for c in Code if f"`{c.value}`" not in text]
     assert not missing, f"add these codes to docs/formats.md: {missing}"
+
+
+def test_unknown_schema_name_is_a_coded_error_listing_the_known_names() -> None:
+    result = runner.invoke(app, ["schema", "plans"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("KVP021") and "input, legacy, plan" in result.stderr
+
+
+def test_inspect_and_golden_add_take_the_same_inspect_options() -> None:
+    from dataclasses import fields
+
+    import typer.main
+
+    from kvplan.cli._inspect_flags import InspectFlags
+
+    root = typer.main.get_command(app)
+    inspect_cmd = root.commands["inspect"]  # type: ignore[attr-defined]
+    add_cmd = root.commands["golden"].commands["add"]  # type: ignore[attr-defined]
+    shared = {f.name for f in fields(InspectFlags)}
+    for command in (inspect_cmd, add_cmd):
+        assert shared <= {p.name for p in command.params}
+    bad = runner.invoke(app, ["golden", "add", "g", "some/model", "--gpu-memory", "0"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("KVP020 error at --gpu-memory")

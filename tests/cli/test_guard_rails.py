@@ -13,7 +13,7 @@ import pytest
 
 from kvplan.schemas import loading
 from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
-from kvplan.units import human_bytes, parse_size
+from kvplan.units import MAX_OPTION_BYTES, human_bytes, parse_size
 from tests.core import builders as b
 from tests.hostile.harness import assert_bounded, assert_refused, digest, invoke, spawn
 
@@ -86,13 +86,18 @@ def test_non_finite_numbers_are_kvp010(tmp_path: Path) -> None:
 def test_size_formatting_and_parsing_never_overflow() -> None:
     assert human_bytes(10**400) == "more than 10^290 TiB"
     assert human_bytes(10**20).endswith("TiB") and human_bytes(1610612736) == "1.50 GiB"
-    for text in ("9" * 400, "99999999999999999999TiB", "1" + "0" * 5000):
-        with pytest.raises(ValueError):
-            parse_size(text)
+    for text in ("9" * 400, "99999999999999999999TiB", "1" + "0" * 5000, "2PiB", "0"):
+        with pytest.raises(KVPlanError) as raised:
+            parse_size(text, "--size")
+        assert raised.value.code == "KVP020" and raised.value.diagnostics[0].location == "--size"
+    with pytest.raises(KVPlanError) as raised:
+        parse_size("4096TiB", "--chunk-size", limit=MAX_OPTION_BYTES)
+    assert raised.value.code == "KVP405"
+    assert parse_size("1.5KiB") == 1536 and parse_size("1KB") == 1000
 
 
 @pytest.mark.parametrize(
-    ("chunk", "code"), [("2PiB", "KVP004"), ("4096TiB", "KVP405"), ("9" * 30, "KVP004")]
+    ("chunk", "code"), [("2PiB", "KVP020"), ("4096TiB", "KVP405"), ("9" * 30, "KVP020")]
 )
 def test_apply_chunk_size_is_validated(tmp_path: Path, chunk: str, code: str) -> None:
     plan = _file(tmp_path, "p.json", (GOLDEN / "plan.json").read_bytes())

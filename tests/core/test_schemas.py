@@ -145,3 +145,73 @@ def test_canonical_json_round_trip_is_byte_identical() -> None:
     text = to_json(doc)
     again = parse_input(parse_text(text, "x.json"))
     assert to_json(again) == text
+
+
+def test_spec_kinds_are_one_enum_that_names_every_model() -> None:
+    from typing import get_args
+
+    from kvplan.schemas.legacy import LEGACY_SPEC_KINDS, LegacyAnySpec
+    from kvplan.schemas.specs import SPEC_KINDS, AnySpec, KVCacheSpecKind
+
+    def kinds(union: object) -> set[str]:
+        found: set[str] = set()
+        for member in get_args(get_args(union)[0]):
+            if hasattr(member, "model_fields"):
+                found.add(member.model_fields["kind"].default)
+            else:
+                found |= kinds(member)
+        return found
+
+    assert kinds(AnySpec) == set(SPEC_KINDS)
+    assert kinds(LegacyAnySpec) == set(LEGACY_SPEC_KINDS)
+    assert set(SPEC_KINDS) | set(LEGACY_SPEC_KINDS) == {k.value for k in KVCacheSpecKind}
+    assert KVCacheSpecKind("MambaSpec").is_mamba
+    assert KVCacheSpecKind.HISPARSE_HOT.is_raw_storage
+    assert not KVCacheSpecKind.HISPARSE_HOT.is_attention
+    assert KVCacheSpecKind.SLIDING_WINDOW_MLA.is_mla
+    assert KVCacheSpecKind.of("NoSuchSpec") is None
+
+
+def test_base_kind_of_mixed_uniform_group_is_full_attention_as_in_vllm() -> None:
+    # vLLM 0.33 get_kv_cache_spec_kind: mixed inner kinds that all group with
+    # FullAttentionSpec (MLA, RSWA, sink...) are full attention; any other mix is unknown.
+    from kvplan.schemas.specs import KVCacheSpecFamily, SlidingWindowSpec, base_kind
+
+    full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype="bfloat16")
+    mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype="bfloat16")
+    swa = SlidingWindowSpec(
+        block_size=16, num_kv_heads=2, head_size=32, dtype="bfloat16", sliding_window=128
+    )
+    assert base_kind(mla) is KVCacheSpecFamily.MLA_ATTENTION
+    mixed = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full, "b": mla})
+    assert base_kind(mixed) is KVCacheSpecFamily.FULL_ATTENTION
+    same = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": mla, "b": mla})
+    assert base_kind(same) is KVCacheSpecFamily.MLA_ATTENTION
+    other = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full, "b": swa})
+    assert base_kind(other) is KVCacheSpecFamily.UNKNOWN
+
+
+def test_findings_carry_errors_and_warnings_and_raise_only_for_errors() -> None:
+    from kvplan.schemas.errors import Code, Findings, error, warning
+
+    found = Findings(
+        [
+            warning(Code.POOL_NOT_GRANULAR, "pools.kv", "pool is 3 bytes", "round it"),
+            error(Code.ALIAS_SELF, "aliases.a", "layer aliases itself", "remove the alias."),
+        ]
+    )
+    assert [d.code for d in found.errors] == [Code.ALIAS_SELF]
+    assert [d.code for d in found.warnings] == [Code.POOL_NOT_GRANULAR]
+    assert not found.ok and Findings(found.warnings).ok
+    Findings(found.warnings).raise_for_errors()  # warnings alone do not raise
+    with pytest.raises(KVPlanError) as raised:
+        Findings(found.warnings).raise_for_errors(strict=True)
+    assert raised.value.code == Code.POOL_NOT_GRANULAR
+    with pytest.raises(KVPlanError) as raised:
+        found.raise_for_errors()
+    assert raised.value.diagnostics == found.errors
+    # one message style, errors first: "<CODE> <severity> at <where>: <what>. Fix: <do>."
+    assert found.render().splitlines() == [
+        "KVP205 error at aliases.a: layer aliases itself. Fix: remove the alias.",
+        "KVP308 warning at pools.kv: pool is 3 bytes. Fix: round it.",
+    ]

@@ -78,7 +78,7 @@ def test_elastic_with_blocks(app: typer.Typer, plan_file: Path) -> None:
     [
         (["--backend", "cuda-vmm"], "KVP401"),
         (["--backend", "torch", "--mode", "elastic"], "KVP401"),
-        (["--backend", "meta", "--chunk-size", "lots"], "KVP004"),
+        (["--backend", "meta", "--chunk-size", "lots"], "KVP020"),
         (["--backend", "host-vmm", "--mode", "elastic", "--blocks", "0-999"], "KVP404"),
         (["--backend", "meta", "--blocks", "x"], "KVP004"),
     ],

@@ -119,6 +119,28 @@ def test_uniform_type_specs_round_trip_with_nested_specs() -> None:
     )
 
 
+def test_spec_families_are_vllms_get_kv_cache_spec_kind() -> None:
+    # every class, and UniformTypeKVCacheSpecs of one kind and of mixed kinds (vLLM 0.33:
+    # full attention when every inner class groups with FullAttentionSpec, else unknown)
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs, get_kv_cache_spec_kind
+
+    from kvplan.schemas.specs import base_kind
+
+    specs = _specs()
+    mixes = [("FullAttentionSpec", "RSWASpec"), ("SinkFullAttentionSpec", "FullAttentionSpec")]
+    mixes += [("FullAttentionSpec", "SlidingWindowSpec"), ("SlidingWindowSpec",) * 2]
+    cases = list(specs.values()) + [
+        UniformTypeKVCacheSpecs(
+            block_size=16, kv_cache_specs={"a": specs[first], "b": specs[second]}
+        )
+        for first, second in mixes
+    ]
+    for spec in cases:
+        document = capture(_config(spec, ["a", "b"]), shared_kv_cache_layers={})
+        ours = base_kind(document.kv_cache_config.kv_cache_groups[0].kv_cache_spec)
+        assert ours.value == get_kv_cache_spec_kind(spec).value, type(spec).__name__
+
+
 def test_runner_form_is_detected_and_sharers_removed() -> None:
     config = _config(_specs()["FullAttentionSpec"], ["a", "b"])
     config.kv_cache_groups[0].layer_names.append("c")

@@ -71,6 +71,18 @@ def test_inspect_cli_json_and_human(vllm_session: None, tmp_path: Path) -> None:
     assert "KV sharing saves" in result.stdout
     assert out.read_text().startswith("input:")
 
+    # -o writes what `kvplan plan -o` writes: the canonical JSON of the documents
+    from kvplan.schemas.canonical import to_json
+
+    out_json = tmp_path / "gemma.json"
+    result = runner.invoke(app, ["inspect", GEMMA4, "--max-model-len", "4096", "-o", str(out_json)])
+    assert result.exit_code == 0, result.output
+    written = out_json.read_text()
+    assert written == to_json(json.loads(written))
+    assert written.replace(" ", "").count('"shape":[') > 0  # short lists stay on one line
+    bad = runner.invoke(app, ["inspect", GEMMA4, "--gpu-memory", "lots"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("KVP020 error at --gpu-memory")
+
 
 def test_inspect_list_and_unknown_model(vllm_session: None) -> None:
     runner = CliRunner()

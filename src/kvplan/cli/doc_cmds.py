@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvplan.cli._documents import as_plan, load_document_as_plan
+from kvplan.cli._documents import LegacyOptions, as_plan, load_document_as_plan
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -26,7 +26,6 @@ from kvplan.cli._tables import pools_table
 from kvplan.planner import diff_plans, validate
 from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
-from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.loading import (
     dump,
     dumps,
@@ -35,18 +34,13 @@ from kvplan.schemas.loading import (
     write_text_atomic,
 )
 from kvplan.schemas.plan import BindingPlan
-from kvplan.units import MAX_OPTION_BYTES, human_bytes
+from kvplan.units import human_bytes
 
 
 class DiffFormat(StrEnum):
     text = "text"
     json = "json"
     markdown = "markdown"
-
-
-class SchemaName(StrEnum):
-    input = "input"
-    plan = "plan"
 
 
 def render_plan(plan: BindingPlan) -> None:
@@ -126,67 +120,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
-        from typing import cast, get_args
-
-        from kvplan.planner.legacy import build_legacy_plan
-        from kvplan.schemas.errors import Code, error, show_value
-        from kvplan.schemas.legacy import PoolLayout, Strategy
-
-        options = (strategy, pool_layout, virtual_capacity)
+        legacy = LegacyOptions(strategy, pool_layout, virtual_capacity)
+        legacy.check()
         if output is not None:
             refuse_output_over_input(output, [input_path])
-        # errors raise; the CLI boundary (kvplan.cli._output.guarded) reports them
-        for flag, value, allowed in (
-            ("--strategy", strategy, get_args(Strategy)),
-            ("--pool-layout", pool_layout, get_args(PoolLayout)),
-        ):
-            if value is not None and value not in allowed:
-                raise KVPlanError(
-                    error(
-                        Code.UNKNOWN_ENUM,
-                        flag,
-                        f"unknown value {value!r}; expected one of: {', '.join(allowed)}",
-                    )
-                )
-        if virtual_capacity is not None and virtual_capacity <= 0:
-            raise KVPlanError(
-                error(Code.SCHEMA, "--virtual-capacity", "must be a positive byte count")
-            )
-        if virtual_capacity is not None and virtual_capacity > MAX_OPTION_BYTES:
-            raise KVPlanError(
-                error(
-                    Code.OPTION_OUT_OF_RANGE,
-                    "--virtual-capacity",
-                    f"{show_value(virtual_capacity)} bytes is more than kvplan accepts "
-                    f"({human_bytes(MAX_OPTION_BYTES)}).",
-                    "give the address space each pool reserves, e.g. 1099511627776",
-                )
-            )
-        obj = load_any(input_path)
-        if isinstance(obj, LegacyInputDocument):
-            legacy, problems = build_legacy_plan(
-                obj,
-                strategy=cast(Strategy | None, strategy),
-                pool_layout=cast(PoolLayout | None, pool_layout),
-                virtual_capacity_bytes=virtual_capacity,
-            )
-            errors = [d for d in problems if d.is_error]
-            if errors or legacy is None:
-                raise KVPlanError(errors)
-            report(problems)
-            plan = legacy
-        elif any(o is not None for o in options):
-            raise KVPlanError(
-                error(
-                    Code.WRONG_FORMAT,
-                    str(input_path),
-                    "--strategy, --pool-layout and --virtual-capacity apply to "
-                    "kvplan.input-legacy/1 documents only",
-                    "drop the options for a kvplan.input/1 document",
-                )
-            )
-        else:
-            plan = as_plan(obj)
+        plan = as_plan(load_any(input_path), legacy, source=str(input_path))
         if output is not None:
             dump(plan, output)
             stderr_console().print(cell(f"wrote {output}"))
@@ -201,11 +139,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check a document; exit 2 if it has errors (or warnings, with --strict)."""
         try:
-            obj = load_any(path)
-            problems = validate(obj)
+            problems = validate(load_any(path))
         except KVPlanError as exc:
             problems = exc.diagnostics
-        bad = [d for d in problems if d.is_error or strict]
+        bad = problems.as_errors() if strict else problems.errors
         if as_json:
             print_json(
                 {"valid": not bad, "diagnostics": [d.model_dump(mode="json") for d in problems]}
@@ -268,9 +205,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("schema")
     def schema_cmd(
-        which: Annotated[SchemaName, typer.Argument(help="input or plan")],
+        which: Annotated[str, typer.Argument(metavar="NAME", help="input, legacy or plan")],
     ) -> None:
-        """Print the JSON schema of the input document or of the plan."""
+        """Print the JSON schema of a document: input, legacy (input) or plan."""
         from kvplan.schemas.json_schema import schema_of
 
-        print_data(json.dumps(schema_of(which.value), indent=2) + "\n")
+        print_data(json.dumps(schema_of(which), indent=2) + "\n")

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from kvplan.cli._inspect_flags import InspectFlags, with_inspect_flags
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
-    fail,
     print_data,
     stderr_console,
 )
@@ -163,12 +163,17 @@ def _narrate(message: str) -> None:
 def _prepare(input_only: bool) -> None:
     if input_only:
         return
-    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+    from kvplan.integrations.vllm import prepare_environment, require_vllm
 
-    if not vllm_available():
-        _narrate(f"kvplan golden needs vLLM to regenerate plans: {VLLM_EXTRA_HINT}")
-        raise typer.Exit(EXIT_ERROR)
+    require_vllm()
     prepare_environment(quiet=True)
+
+
+def golden_folders(directory: Path, input_only: bool) -> list[Path]:
+    """What ``check`` and ``update`` start with: vLLM ready (unless ``input_only``) and every
+    golden model folder of ``directory`` (``KVP002`` if there is none such)."""
+    _prepare(input_only)
+    return golden_dirs(directory)
 
 
 def register(app: typer.Typer) -> None:
@@ -189,11 +194,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Regenerate every golden plan and diff it; markdown report on stdout."""
-        _prepare(input_only)
-        try:
-            folders = golden_dirs(directory)
-        except KVPlanError as exc:
-            fail(exc)
+        folders = golden_folders(directory, input_only)
         outcomes = []
         for folder in folders:
             _narrate(f"checking {folder.name}")
@@ -221,11 +222,7 @@ def register(app: typer.Typer) -> None:
         input_only: Annotated[bool, INPUT_ONLY] = False,
     ) -> None:
         """Regenerate and rewrite every golden input and plan."""
-        _prepare(input_only)
-        try:
-            folders = golden_dirs(directory)
-        except KVPlanError as exc:
-            fail(exc)
+        folders = golden_folders(directory, input_only)
         failed = False
         for folder in folders:
             outcome = regenerate(folder, input_only, require_plan=False)
@@ -239,44 +236,22 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_ERROR)
 
     @golden.command("add")
+    @with_inspect_flags
     def add_cmd(
         directory: Annotated[Path, typer.Argument(metavar="DIR", help="golden directory")],
         model: Annotated[str, typer.Argument(metavar="MODEL", help="as for kvplan inspect")],
         name: Annotated[
             str | None, typer.Option("--name", help="folder name (default: org__name)")
         ] = None,
-        gpu_memory: Annotated[str, typer.Option("--gpu-memory")] = "80GiB",
-        gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
-        num_blocks: Annotated[int | None, typer.Option("--num-blocks")] = None,
-        max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
-        kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-        block_size: Annotated[int | None, typer.Option("--block-size")] = None,
-        tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
-        layout: Annotated[str | None, typer.Option("--layout")] = None,
-        no_hybrid: Annotated[bool, typer.Option("--disable-hybrid-kv-cache-manager")] = False,
-        trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+        *,
+        flags: InspectFlags,
     ) -> None:
         """Inspect MODEL and store its input and plan as DIR/<name>/{input,plan}.json."""
-        from kvplan.cli.inspect_cmd import parse_size
-        from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
+        from kvplan.integrations.vllm.inspect import inspect_model
 
+        options = flags.options()
         _prepare(False)
-        options = InspectOptions(
-            gpu_memory=parse_size(gpu_memory),
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_blocks=num_blocks,
-            max_model_len=max_model_len,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            tp=tp,
-            layout=layout,
-            disable_hybrid_kv_cache_manager=no_hybrid,
-            trust_remote_code=trust_remote_code,
-        )
-        try:
-            result = inspect_model(model, options)
-        except KVPlanError as exc:
-            fail(exc)
+        result = inspect_model(model, options)
         folder = directory / (name or slug(result.model.name))
         write_pair(folder, result.document, result.plan)
         _narrate(f"wrote {folder / INPUT_NAME} and {folder / PLAN_NAME}")

@@ -11,20 +11,18 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from kvplan import units
+from kvplan.cli._inspect_flags import InspectFlags, with_inspect_flags
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
-    EXIT_ERROR,
     cell,
-    fail,
     print_data,
     stderr_console,
     stdout_console,
 )
 from kvplan.cli._tables import pools_table
 from kvplan.schemas.canonical import to_data
-from kvplan.schemas.errors import KVPlanError, printable
-from kvplan.schemas.loading import write_text_atomic
+from kvplan.schemas.errors import printable
+from kvplan.schemas.loading import dump, dumps, write_text_atomic
 from kvplan.units import human_bytes
 
 if TYPE_CHECKING:
@@ -33,27 +31,9 @@ if TYPE_CHECKING:
     from kvplan.schemas.plan import BindingPlan
 
 
-def parse_size(text: str) -> int:
-    """``--gpu-memory`` in bytes (see :func:`kvplan.units.parse_size`)."""
-    try:
-        return units.parse_size(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
 def bundle(document: InputDocument, plan: BindingPlan) -> dict[str, Any]:
     """What ``--json``/``--yaml``/``-o`` write: the input document and its plan."""
     return {"input": to_data(document), "plan": to_data(plan)}
-
-
-def _dump(data: dict[str, Any], as_yaml: bool) -> str:
-    import json
-
-    import yaml
-
-    if as_yaml:
-        return str(yaml.safe_dump(data, sort_keys=False, width=100))
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 def list_catalog() -> None:
@@ -69,13 +49,9 @@ def list_catalog() -> None:
 
 def run_inspect(model: str, options: InspectOptions, *, quiet: bool) -> InspectResult:
     """:func:`inspect_model` with a rich status line on stderr."""
-    from kvplan.integrations.vllm import VLLM_EXTRA_HINT, prepare_environment, vllm_available
+    from kvplan.integrations.vllm import prepare_environment, require_vllm
 
-    if not vllm_available():
-        stderr_console().print(
-            f"kvplan inspect needs vLLM: {VLLM_EXTRA_HINT}", markup=False, highlight=False
-        )
-        raise typer.Exit(EXIT_ERROR)
+    require_vllm()
     prepare_environment(quiet=quiet)
     from kvplan.integrations.vllm.inspect import inspect_model
 
@@ -125,7 +101,7 @@ def _per_token(spec: Any, layers: int) -> float:
 
 def render(result: InspectResult) -> None:
     """Human output (rich tables on stdout)."""
-    from kvplan.schemas.specs import UniformTypeKVCacheSpecs, layer_spec
+    from kvplan.schemas.specs import UniformTypeKVCacheSpecs, layer_spec, spec_kind
 
     console = stdout_console()
     doc, plan = result.document, result.plan
@@ -159,12 +135,12 @@ def render(result: InspectResult) -> None:
     for gid, group in enumerate(config.kv_cache_groups):
         spec = group.kv_cache_spec
         kind = _kind(spec.kind)
-        per_token = _per_token(
-            spec, 1 if isinstance(spec, UniformTypeKVCacheSpecs) else len(group.layer_names)
-        )
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            kind += f"[{_kind(spec.first_spec.kind)}]"
-        mamba = "Mamba" in kind
+        uniform = isinstance(spec, UniformTypeKVCacheSpecs)
+        per_token = _per_token(spec, 1 if uniform else len(group.layer_names))
+        leaf = spec.first_spec if isinstance(spec, UniformTypeKVCacheSpecs) else spec
+        if uniform:
+            kind += f"[{_kind(leaf.kind)}]"
+        mamba = spec_kind(leaf).is_mamba
         stored += 0.0 if mamba else per_token
         groups.add_row(
             str(gid),
@@ -232,6 +208,7 @@ def render(result: InspectResult) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
+    @with_inspect_flags
     def inspect_cmd(
         model: Annotated[
             str | None,
@@ -240,48 +217,6 @@ def register(app: typer.Typer) -> None:
                 help="local directory or config.json, bundled catalog name, or Hugging Face id",
             ),
         ] = None,
-        gpu_memory: Annotated[
-            str, typer.Option("--gpu-memory", help="GPU memory to plan for, e.g. 80GiB")
-        ] = "80GiB",
-        gpu_memory_utilization: Annotated[
-            float,
-            typer.Option(
-                "--gpu-memory-utilization",
-                help="fraction of --gpu-memory for the KV cache (KV = memory x this)",
-            ),
-        ] = 0.9,
-        reserve_weights: Annotated[
-            bool,
-            typer.Option(
-                "--reserve-weights", help="subtract the weights (as built) from the KV memory"
-            ),
-        ] = False,
-        num_blocks: Annotated[
-            int | None, typer.Option("--num-blocks", help="vLLM's --num-gpu-blocks-override")
-        ] = None,
-        max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
-        kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto",
-        block_size: Annotated[int | None, typer.Option("--block-size")] = None,
-        tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size", min=1)] = 1,
-        layout: Annotated[
-            str | None, typer.Option("--layout", help="KV cache layout, e.g. LBNHC, BLHNC")
-        ] = None,
-        no_hybrid: Annotated[
-            bool,
-            typer.Option(
-                "--disable-hybrid-kv-cache-manager", help="as vLLM's flag of the same name"
-            ),
-        ] = False,
-        attention_backend: Annotated[
-            str | None, typer.Option("--attention-backend", help="vLLM backend name")
-        ] = None,
-        trust_remote_code: Annotated[
-            bool,
-            typer.Option(
-                "--trust-remote-code",
-                help="as vLLM's flag: run the model repository's own code (config auto_map)",
-            ),
-        ] = False,
         as_json: Annotated[
             bool, typer.Option("--json", help="print the input document and plan as JSON")
         ] = False,
@@ -301,37 +236,19 @@ def register(app: typer.Typer) -> None:
         ] = False,
         list_models: Annotated[bool, typer.Option("--list", help="list the catalog")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show vLLM's logs")] = False,
+        *,
+        flags: InspectFlags,
     ) -> None:
         """Ask the installed vLLM how it lays out MODEL's KV cache; capture and plan it."""
-        from kvplan.integrations.vllm.inspect import InspectOptions
-
         if list_models:
             list_catalog()
             return
         if model is None:
             raise typer.BadParameter("MODEL is required (or pass --list)")
-        options = InspectOptions(
-            gpu_memory=parse_size(gpu_memory),
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_blocks=num_blocks,
-            max_model_len=max_model_len,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            tp=tp,
-            layout=layout,
-            disable_hybrid_kv_cache_manager=no_hybrid,
-            attention_backend=attention_backend,
-            reserve_weights=reserve_weights,
-            trust_remote_code=trust_remote_code,
-        )
-        try:
-            result = run_inspect(model, options, quiet=not verbose)
-        except KVPlanError as exc:
-            fail(exc)
+        result = run_inspect(model, flags.options(), quiet=not verbose)
         data = bundle(result.document, result.plan)
         if output is not None:
-            as_yaml_file = as_yaml or output.suffix in (".yaml", ".yml")
-            write_text_atomic(output, _dump(data, as_yaml_file))
+            dump(data, output)
             stderr_console().print(cell(f"wrote {output}"))
         if html is not None:
             from kvplan.render import plan_page
@@ -339,7 +256,7 @@ def register(app: typer.Typer) -> None:
             write_text_atomic(html, plan_page(result.plan, title=result.model.name))
             stderr_console().print(cell(f"wrote {html}"))
         if as_json or as_yaml:
-            print_data(_dump(data, as_yaml))
+            print_data(dumps(data, yaml_format=as_yaml))
         else:
             render(result)
         for note in result.notes:

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvplan.planner import RAW_STORAGE_KINDS, Budget, check_plan, find_overlaps, num
+from kvplan.planner import Budget, check_plan, find_overlaps, num
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 from kvplan.schemas.plan import BindingPlan, View
 
@@ -62,7 +62,7 @@ def verify(
     view) share no byte. Works for any tensors (kvplan's, vLLM's, meta). Layers the plan
     does not know are warnings.
     """
-    diags: list[Diagnostic] = [d for d in check_plan(plan, granularity=0) if d.is_error]
+    diags: list[Diagnostic] = check_plan(plan, granularity=0).errors
     bases: dict[str, int] = {}
     actual: dict[tuple[str, int], list[View]] = defaultdict(list)
     for view in plan.views:
@@ -129,7 +129,7 @@ def verify(
                     "the binding does not follow the plan; re-plan or fix the allocator",
                 )
             )
-        elif view.kind not in RAW_STORAGE_KINDS:
+        elif not view.is_raw_storage:
             actual[(view.pool, view.group)].append(real)
     budget = Budget()
     for (pool_name, group), views in sorted(actual.items()):

@@ -9,18 +9,18 @@ from __future__ import annotations
 from kvplan.planner._bind import POOL_NAME, bind
 from kvplan.planner._input_rules import check_input
 from kvplan.planner._overlap import Budget, find_overlaps
-from kvplan.planner._plan_rules import RAW_STORAGE_KINDS, VMM_GRANULARITY, check_plan
+from kvplan.planner._plan_rules import check_plan
 from kvplan.planner._text import num
 from kvplan.planner.diff import Change, PlanDiff, diff_plans
 from kvplan.schemas.canonical import fingerprint
-from kvplan.schemas.errors import Diagnostic, KVPlanError
+from kvplan.schemas.errors import Findings
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.legacy import LegacyInputDocument
 from kvplan.schemas.plan import BindingPlan, Source, Summary
+from kvplan.units import VMM_GRANULARITY
 
 __all__ = [
     "POOL_NAME",
-    "RAW_STORAGE_KINDS",
     "VMM_GRANULARITY",
     "Budget",
     "Change",
@@ -39,8 +39,8 @@ def build_plan(
     doc: InputDocument | LegacyInputDocument,
     *,
     granularity: int = VMM_GRANULARITY,
-) -> tuple[BindingPlan | None, list[Diagnostic]]:
-    """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic.
+) -> tuple[BindingPlan | None, Findings]:
+    """Plan ``doc``; return the plan (None if it could not be built) and every finding.
 
     ``granularity`` (bytes) is the allocation granularity pools are checked against
     (``KVP308`` warning); 0 skips the check, e.g. for the ``torch`` backend.
@@ -49,12 +49,12 @@ def build_plan(
         from kvplan.planner.legacy import build_legacy_plan
 
         return build_legacy_plan(doc, granularity=granularity)
-    problems = check_input(doc)
-    if any(d.is_error for d in problems):
+    problems = Findings(check_input(doc))
+    if not problems.ok:
         return None, problems
     binding = bind(doc)
     problems.extend(binding.problems)
-    if any(d.is_error for d in problems):
+    if not problems.ok:
         return None, problems
     cfg = doc.kv_cache_config
     pool_bytes = sum(p.size_bytes for p in binding.pools)
@@ -89,9 +89,8 @@ def plan(doc: InputDocument | LegacyInputDocument) -> BindingPlan:
     Raises :class:`KVPlanError` carrying every error (warnings do not raise).
     """
     result, problems = build_plan(doc)
-    errors = [d for d in problems if d.is_error]
-    if errors or result is None:
-        raise KVPlanError(errors)
+    problems.raise_for_errors()
+    assert result is not None  # no errors: built
     return result
 
 
@@ -99,8 +98,8 @@ def validate(
     obj: InputDocument | LegacyInputDocument | BindingPlan,
     *,
     granularity: int = VMM_GRANULARITY,
-) -> list[Diagnostic]:
-    """Every error and warning for an input document or a plan (an empty list: all good)."""
+) -> Findings:
+    """Every error and warning for an input document or a plan (empty: all good)."""
     if isinstance(obj, BindingPlan):
-        return check_plan(obj, granularity=granularity)
+        return Findings(check_plan(obj, granularity=granularity))
     return build_plan(obj, granularity=granularity)[1]

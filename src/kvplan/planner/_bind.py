@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvplan.planner._geometry import GeometryError, tensor_geometry
+from kvplan.planner._geometry import tensor_geometry
 from kvplan.planner._text import num, nums
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Code, Diagnostic, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.layout import KVCacheLayout
+from kvplan.schemas.legacy import LegacySpec
 from kvplan.schemas.plan import Alias, Pool, View
 from kvplan.schemas.specs import KVCacheSpec, MLAAttentionSpec, layer_spec
+from kvplan.units import POOL_ALIGNMENT
 
 POOL_NAME = "kv_cache"
-POOL_ALIGNMENT = 256
-"""Base alignment kvplan asks of a pool (bytes): cudaMalloc's guarantee, which kernels assume."""
 
 
 @dataclass
@@ -61,18 +61,9 @@ def bind(doc: InputDocument) -> Binding:
             continue
         for layer in tensor.layers:
             out.page_bytes[layer] = spec.page_size_bytes
-        if not spec.has_layer_views:
+        if not spec.has_layer_views:  # the raw pool, as int8 bytes
             out.views.extend(
-                View(
-                    layer=name,
-                    group=g,
-                    pool=POOL_NAME,
-                    kind=spec.kind,
-                    dtype="int8",
-                    shape=[size],
-                    stride=[1],
-                    offset_bytes=0,
-                )
+                layer_view(name, g, POOL_NAME, spec, "int8", [size], [1], 0)
                 for name in tensor.layers
             )
             continue
@@ -115,9 +106,11 @@ def _tensor_views(
     kernel: int | None,
 ) -> list[View] | Diagnostic:
     loc = f"kv_cache_config.kv_cache_tensors[{t_index}]"
-    geo = tensor_geometry(spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel)
-    if isinstance(geo, GeometryError):
-        return error(Code[geo.code], loc, geo.message, geo.hint)
+    geo = tensor_geometry(
+        spec, num_blocks, len(layers), layout, layer_stride, block_stride, kernel, loc
+    )
+    if isinstance(geo, Diagnostic):
+        return geo
     dtype = spec.view_dtype
     isz = itemsize(dtype)
     _, b, h, n, c_bytes = geo.shape
@@ -133,18 +126,33 @@ def _tensor_views(
     shape = [b, h, n, c_bytes // isz]
     stride = [s_b // isz, s_h // isz, s_n // isz, s_c]
     return [
-        View(
-            layer=name,
-            group=group,
-            pool=POOL_NAME,
-            kind=spec.kind,
-            dtype=dtype,
-            shape=shape,
-            stride=stride,
-            offset_bytes=offset + i * s_l,
-        )
+        layer_view(name, group, POOL_NAME, spec, dtype, shape, stride, offset + i * s_l)
         for i, name in enumerate(layers)
     ]
+
+
+def layer_view(
+    layer: str,
+    group: int,
+    pool: str,
+    spec: KVCacheSpec | LegacySpec,
+    dtype: str,
+    shape: list[int],
+    stride: list[int],
+    offset_bytes: int,
+) -> View:
+    """The view of one layer (or one state of a layer) of ``spec`` in ``pool``: every planner
+    builds its views here, fields in the plan's order."""
+    return View(
+        layer=layer,
+        group=group,
+        pool=pool,
+        kind=spec.kind,
+        dtype=dtype,
+        shape=shape,
+        stride=stride,
+        offset_bytes=offset_bytes,
+    )
 
 
 def _aliases(doc: InputDocument) -> list[Alias]:

@@ -6,7 +6,7 @@ from collections import Counter
 
 from kvplan.planner._sharing import analyse
 from kvplan.planner._text import names, num
-from kvplan.schemas.errors import Code, Diagnostic, error
+from kvplan.schemas.errors import Code, Diagnostic, Findings, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.specs import (
     EncoderOnlyAttentionSpec,
@@ -20,31 +20,47 @@ def _loc_tensor(i: int, field: str = "") -> str:
     return f"kv_cache_config.kv_cache_tensors[{i}]" + (f".{field}" if field else "")
 
 
-def check_input(doc: InputDocument) -> list[Diagnostic]:
+_ONE_GROUP = (
+    "group",
+    Code.DUPLICATE_GROUP_LAYER,
+    "a layer belongs to exactly one KV cache group, once",
+    "remove the extra entry from layer_names",
+)
+_ONE_TENSOR = (
+    "tensor",
+    Code.LAYER_BOUND_TWICE,
+    "a layer is placed by exactly one tensor, once",
+    "remove the extra entry from the tensors' layers",
+)
+
+
+def _first_listing(
+    lists: list[list[str]], rule: tuple[str, Code, str, str], out: Findings
+) -> dict[str, int]:
+    """Each name's first list in ``lists``; ``rule``'s code for every later listing of a name
+    (``rule``: what a list is, the code, the rule broken, the fix)."""
+    noun, code, broken, hint = rule
+    first: dict[str, int] = {}
+    for i, listed in enumerate(lists):
+        for name in listed:
+            if name not in first:
+                first[name] = i
+                continue
+            where = (
+                f"twice in {noun} {i}" if first[name] == i else f"in {noun}s {first[name]} and {i}"
+            )
+            out.append(error(code, name, f"layer is listed {where}; {broken}", hint))
+    return first
+
+
+def check_input(doc: InputDocument) -> Findings:
     """Every problem in ``doc`` that would make vLLM bind wrongly or refuse to start."""
     cfg = doc.kv_cache_config
-    out: list[Diagnostic] = []
+    out = Findings()
     shared = doc.shared_kv_cache_layers
 
-    group_of: dict[str, int] = {}
+    group_of = _first_listing([g.layer_names for g in cfg.kv_cache_groups], _ONE_GROUP, out)
     for g, group in enumerate(cfg.kv_cache_groups):
-        for layer in group.layer_names:
-            if layer in group_of:
-                where = (
-                    f"twice in group {g}"
-                    if group_of[layer] == g
-                    else f"in groups {group_of[layer]} and {g}"
-                )
-                out.append(
-                    error(
-                        Code.DUPLICATE_GROUP_LAYER,
-                        layer,
-                        f"layer is listed {where}; a layer belongs to exactly one KV cache "
-                        "group, once",
-                        "remove the extra entry from layer_names",
-                    )
-                )
-            group_of.setdefault(layer, g)
         spec = group.kv_cache_spec
         if isinstance(spec, UniformTypeKVCacheSpecs):
             for layer in group.layer_names:
@@ -98,7 +114,7 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
                     )
                 )
 
-    tensor_of: dict[str, int] = {}
+    tensor_of = _first_listing([t.layers for t in cfg.kv_cache_tensors], _ONE_TENSOR, out)
     for i, t in enumerate(cfg.kv_cache_tensors):
         if not t.layers:
             out.append(
@@ -111,22 +127,6 @@ def check_input(doc: InputDocument) -> list[Diagnostic]:
             )
             continue
         for layer in t.layers:
-            if layer in tensor_of:
-                where = (
-                    f"listed twice in tensor {i}"
-                    if tensor_of[layer] == i
-                    else f"placed by tensors {tensor_of[layer]} and {i}"
-                )
-                out.append(
-                    error(
-                        Code.LAYER_BOUND_TWICE,
-                        layer,
-                        f"layer is {where}",
-                        "place each layer in exactly one tensor, once",
-                    )
-                )
-            else:
-                tensor_of[layer] = i
             if layer not in group_of:
                 out.append(
                     error(

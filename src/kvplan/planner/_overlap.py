@@ -24,9 +24,10 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from kvplan.planner.page_index import MAX_RUNS, byte_runs, run_offsets
 from kvplan.schemas.plan import View
 
-MAX_PROGRESSIONS_PER_VIEW = 4096
+MAX_PROGRESSIONS_PER_VIEW = MAX_RUNS
 """Enumerated run progressions one view may have (vLLM layouts need 1)."""
 MAX_PAIR_CHECKS = 200_000
 """Candidate progression pairs examined per plan before kvplan refuses to decide."""
@@ -131,39 +132,23 @@ def _gcd(x: int, y: int) -> int:
 
 
 def view_progressions(view: View, owner: int) -> list[Prog] | None:
-    """The runs of ``view`` as progressions (None: more than the per-view limit).
+    """The runs of ``view`` as progressions (None: more than :data:`MAX_RUNS` of them).
 
-    Strides must be non-negative (``_check_view`` refuses others first).
+    Strides must be non-negative (``_check_view`` refuses others first). The longest axis of
+    :func:`~kvplan.planner.page_index.byte_runs` is the progression; the others are enumerated.
     """
-    isz = view.itemsize
-    dims = [(n, s * isz) for n, s in zip(view.shape, view.stride, strict=True) if n != 1]
-    if any(n == 0 for n, _ in dims):
+    runs = byte_runs(view.shape, view.stride, view.itemsize, exact=True)
+    if runs is None:
         return []
-    dims.sort(key=lambda d: d[1], reverse=True)
-    run = isz
-    while dims and dims[-1][1] == run:
-        run *= dims.pop()[0]
-    merged: list[tuple[int, int]] = []
-    for n, s in reversed(dims):  # innermost first
-        if merged and s == merged[-1][0] * merged[-1][1] and merged[-1][1] > 0:
-            inner_n, inner_s = merged.pop()
-            merged.append((inner_n * n, inner_s))
-        else:
-            merged.append((n, s))
-    if not merged:
-        return [Prog(owner, view.offset_bytes, run, 1, 0)]
-    k = max(range(len(merged)), key=lambda i: merged[i][0])
-    count, period = merged[k]
-    others = merged[:k] + merged[k + 1 :]
-    total = 1
-    for n, _ in others:
-        total *= n
-        if total > MAX_PROGRESSIONS_PER_VIEW:
-            return None
-    starts = [view.offset_bytes]
-    for n, s in others:
-        starts = [x + i * s for x in starts for i in range(n)]
-    return [Prog(owner, x, run, count, period) for x in starts]
+    start = view.offset_bytes + runs.shift
+    if not runs.axes:
+        return [Prog(owner, start, runs.run, 1, 0)]
+    k = max(range(len(runs.axes)), key=lambda i: runs.axes[i][1])
+    period, count = runs.axes[k]
+    starts = run_offsets(runs.axes[:k] + runs.axes[k + 1 :])
+    if starts is None:
+        return None
+    return [Prog(owner, start + x, runs.run, count, period) for x in starts]
 
 
 def _residue_candidates(progs: list[Prog], period: int) -> Iterator[tuple[Prog, Prog]]:

@@ -7,23 +7,20 @@ from collections import defaultdict
 from kvplan.planner._overlap import Budget, Finding, find_overlaps
 from kvplan.planner._sharing import analyse
 from kvplan.planner._text import names, num, nums
-from kvplan.schemas.errors import Code, Diagnostic, error, warning
+from kvplan.schemas.errors import Code, Diagnostic, Findings, error, warning
 from kvplan.schemas.plan import BindingPlan, Pool, View
+from kvplan.units import VMM_GRANULARITY
 
 INT64_MAX = (1 << 63) - 1
-VMM_GRANULARITY = 2 << 20
-"""Default CUDA VMM allocation granularity (bytes); pools should be a multiple of it."""
-
-RAW_STORAGE_KINDS = frozenset({"HiSparseHotSpec", "HiSparseResidentSpec"})
 
 
-def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> list[Diagnostic]:
+def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> Findings:
     """Every geometric problem of ``plan``; warnings for pools off the VMM granularity.
 
     Bounded work for any plan: overlap is decided exactly within a fixed budget of pair
     checks (``KVP311`` when a hand-written plan exceeds it), aliases in linear time.
     """
-    out: list[Diagnostic] = []
+    out = Findings()
     pools: dict[str, Pool] = {}
     for pool in plan.pools:
         if pool.name in pools:
@@ -74,7 +71,7 @@ def check_plan(plan: BindingPlan, *, granularity: int = VMM_GRANULARITY) -> list
         if problem:
             out.append(problem)
             continue
-        if view.kind not in RAW_STORAGE_KINDS:
+        if not view.is_raw_storage:
             by_group[(view.pool, view.group)].append(view)
     budget = Budget()
     for (pool_name, group), views in sorted(by_group.items()):

@@ -25,8 +25,10 @@ from kvplan.schemas.plan import BindingPlan, View
 Range = tuple[int, int]
 """``[start, end)`` in bytes from the pool's first byte."""
 
-MAX_RANGES_PER_ROW = 4096
-"""Above this many disjoint ranges per row, a row is charged its whole extent instead."""
+MAX_RUNS = 4096
+"""Most byte runs kvplan enumerates for one strided box (vLLM's layouts need one): above it,
+a page-index row is charged its whole extent and the overlap check refuses (``KVP311``)."""
+MAX_RANGES_PER_ROW = MAX_RUNS
 
 
 @dataclass(frozen=True)
@@ -59,40 +61,86 @@ def merge_ranges(ranges: Iterable[Range]) -> list[Range]:
     return out
 
 
-def row_template(shape: list[int], stride: list[int], itemsize: int) -> tuple[Range, ...]:
-    """Byte ranges one element-strided box touches, relative to its first element's address.
+@dataclass(frozen=True)
+class ByteRuns:
+    """The bytes of one element-strided box: runs of ``run`` contiguous bytes starting at
+    ``shift + sum(i_k * stride_k)`` for every index ``i_k < count_k`` of ``axes``
+    (``(stride_k, count_k)`` in bytes, innermost first, axes that continue one another merged).
+    """
 
-    ``shape``/``stride`` are in elements (stride may be zero or negative); ranges can start
-    below zero when a stride is negative. Empty boxes touch nothing.
+    shift: int
+    run: int
+    axes: tuple[tuple[int, int], ...]
+
+    @property
+    def span(self) -> int:
+        """Bytes from the lowest to past the highest byte touched."""
+        return self.run + sum((n - 1) * s for s, n in self.axes)
+
+
+def byte_runs(
+    shape: list[int], stride: list[int], itemsize: int, *, exact: bool = False
+) -> ByteRuns | None:
+    """The one byte-run decomposition of a strided box (None: an empty box).
+
+    ``shape``/``stride`` are in elements; a stride may be negative (``shift`` then starts
+    below the first element). By default only the union of bytes matters: zero strides
+    vanish and axes whose stride is at most the run extend it. ``exact`` keeps every element
+    apart, as overlap checking needs: only an axis whose stride is exactly the run extends
+    it, and a zero or short stride stays an axis (two elements on the same bytes).
     """
     if any(n == 0 for n in shape):
-        return ()
+        return None
     shift = 0
     dims: list[tuple[int, int]] = []
     for n, st in zip(shape, stride, strict=True):
-        if n == 1 or st == 0:
+        if n == 1 or (st == 0 and not exact):
             continue
         if st < 0:
             shift += (n - 1) * st * itemsize
         dims.append((abs(st) * itemsize, n))
     dims.sort()
     run = itemsize
-    outer: list[tuple[int, int]] = []
+    axes: list[tuple[int, int]] = []
     for byte_stride, n in dims:
-        if not outer and byte_stride <= run:
+        if not axes and (byte_stride == run or (not exact and byte_stride < run)):
             run += (n - 1) * byte_stride
+        elif axes and axes[-1][0] > 0 and byte_stride == axes[-1][0] * axes[-1][1]:
+            inner_stride, inner_n = axes.pop()
+            axes.append((inner_stride, inner_n * n))
         else:
-            outer.append((byte_stride, n))
-    count = 1
-    for _, n in outer:
-        count *= n
-    if count > MAX_RANGES_PER_ROW:
-        span = run + sum((n - 1) * s for s, n in outer)
-        return ((shift, shift + span),)
+            axes.append((byte_stride, n))
+    return ByteRuns(shift, run, tuple(axes))
+
+
+def run_offsets(axes: Iterable[tuple[int, int]], limit: int = MAX_RUNS) -> list[int] | None:
+    """Every offset ``sum(i_k * stride_k)`` of ``axes`` (None: more than ``limit``)."""
+    axes = list(axes)
+    total = 1
+    for _, n in axes:
+        total *= n
+        if total > limit:
+            return None
     offsets = [0]
-    for byte_stride, n in outer:
+    for byte_stride, n in axes:
         offsets = [o + i * byte_stride for o in offsets for i in range(n)]
-    return tuple(merge_ranges((shift + o, shift + o + run) for o in offsets))
+    return offsets
+
+
+def row_template(shape: list[int], stride: list[int], itemsize: int) -> tuple[Range, ...]:
+    """Byte ranges one element-strided box touches, relative to its first element's address.
+
+    ``shape``/``stride`` are in elements (stride may be zero or negative); ranges can start
+    below zero when a stride is negative. Empty boxes touch nothing; a box of more than
+    :data:`MAX_RUNS` runs is charged its whole extent.
+    """
+    runs = byte_runs(shape, stride, itemsize)
+    if runs is None:
+        return ()
+    offsets = run_offsets(runs.axes)
+    if offsets is None:
+        return ((runs.shift, runs.shift + runs.span),)
+    return tuple(merge_ranges((runs.shift + o, runs.shift + o + runs.run) for o in offsets))
 
 
 def view_rows(view: View, pool_num_blocks: int, pool_size: int) -> ViewRows:

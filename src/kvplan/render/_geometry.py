@@ -101,7 +101,8 @@ def _is_layer_outermost(view: View) -> bool:
 
 def bytes_per_token(view: View) -> float | None:
     """Page bytes ÷ states per block for a ``[B, H, N, C]`` attention view; ``None`` otherwise."""
-    if len(view.shape) != 4 or "Mamba" in view.kind or view.shape[2] <= 0:
+    kind = view.spec_kind
+    if len(view.shape) != 4 or (kind is not None and kind.is_mamba) or view.shape[2] <= 0:
         return None
     return dense_page_bytes(view) / view.shape[2]
 

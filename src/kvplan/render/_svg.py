@@ -193,6 +193,14 @@ def _stripe_label(stripe: _Stripe, marks: Marks) -> str:
     return f"{tag}{short(views[0].layer)}…{short(views[-1].layer)}"
 
 
+def _stripe_rect(
+    stripe: _Stripe, y: float, group: int, pool: Pool, marks: Marks, marked: bool
+) -> str:
+    """One stripe of a group's row: its rectangle in the group's colour, with its title."""
+    cls = "stripe marked" if marked else "stripe"
+    return _rect(stripe.x, y, stripe.w, ROW_H, fill(group), _stripe_title(stripe, pool, marks), cls)
+
+
 def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> str:
     views = stripe.views
     parts = []
@@ -255,17 +263,7 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
             tags = "".join(sorted({marks.tag("views", v.layer) for v in members}))
             text = f"{tags}{names}{more} interleaved block by block (see zoom)"
             stripe = _Stripe(LEFT + lo * px, (hi - lo) * px, members)
-            out.append(
-                _rect(
-                    stripe.x,
-                    y,
-                    stripe.w,
-                    ROW_H,
-                    fill(gid),
-                    _stripe_title(stripe, pool, marks),
-                    "stripe marked" if tags else "stripe",
-                )
-            )
+            out.append(_stripe_rect(stripe, y, gid, pool, marks, bool(tags)))
             out.append(_t(stripe.x + 4, y + 15, fit(text, stripe.w - 6), "lbl"))
             for view in members:
                 centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
@@ -273,17 +271,7 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
         for stripe in _stripes(members, LEFT, px):
             label = _stripe_label(stripe, marks)
             marked = any(marks.views.get(v.layer) for v in stripe.views)
-            out.append(
-                _rect(
-                    stripe.x,
-                    y,
-                    stripe.w,
-                    ROW_H,
-                    fill(gid),
-                    _stripe_title(stripe, pool, marks),
-                    "stripe marked" if marked else "stripe",
-                )
-            )
+            out.append(_stripe_rect(stripe, y, gid, pool, marks, marked))
             label = fit(label, stripe.w)
             if label:
                 out.append(_t(stripe.x + stripe.w / 2, y + 15, label, "lbl", "middle"))

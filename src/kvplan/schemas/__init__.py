@@ -1,6 +1,6 @@
 """Pydantic models of kvplan's documents. Imports neither torch nor vLLM."""
 
-from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, Severity
+from kvplan.schemas.errors import Code, Diagnostic, Findings, KVPlanError, Severity
 from kvplan.schemas.input import (
     INPUT_FORMAT,
     InputDocument,
@@ -24,6 +24,8 @@ from kvplan.schemas.specs import (
     HiSparseHotSpec,
     HiSparseResidentSpec,
     KVCacheSpec,
+    KVCacheSpecFamily,
+    KVCacheSpecKind,
     KVQuantMode,
     MambaSpec,
     MLAAttentionSpec,
@@ -50,6 +52,7 @@ __all__ = [
     "CrossAttentionSpec",
     "Diagnostic",
     "EncoderOnlyAttentionSpec",
+    "Findings",
     "FullAttentionSpec",
     "HiSparseHotSpec",
     "HiSparseResidentSpec",
@@ -60,6 +63,8 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheLayout",
     "KVCacheSpec",
+    "KVCacheSpecFamily",
+    "KVCacheSpecKind",
     "KVCacheTensor",
     "KVPlanError",
     "KVQuantMode",

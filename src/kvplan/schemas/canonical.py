@@ -5,15 +5,24 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
+Document = BaseModel | Mapping[str, Any]
+"""What the canonical writers take: a model, or JSON-ready data made of models' data (such as
+``kvplan inspect``'s ``{"input": ..., "plan": ...}`` bundle)."""
+
 
 def to_data(model: BaseModel) -> dict[str, Any]:
     """JSON-ready data in field-declaration order (vLLM's field names, aliases applied)."""
     return model.model_dump(mode="json", by_alias=True)
+
+
+def _data_of(obj: Document) -> Any:
+    return to_data(obj) if isinstance(obj, BaseModel) else obj
 
 
 INLINE_WIDTH = 100
@@ -52,17 +61,17 @@ def escape_json_text(text: str) -> str:
     return _TERMINAL_ACTIVE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def to_json(model: BaseModel) -> str:
+def to_json(model: Document) -> str:
     """Canonical JSON text: fixed key order, two-space indent, short scalar lists inline.
 
     Control characters, DEL, C1 controls and bidirectional overrides are ``\\u`` escapes.
     """
-    return escape_json_text(_format(to_data(model), 0) + "\n")
+    return escape_json_text(_format(_data_of(model), 0) + "\n")
 
 
-def to_yaml(model: BaseModel) -> str:
+def to_yaml(model: Document) -> str:
     """Canonical YAML text with the same key order as :func:`to_json`."""
-    return yaml.safe_dump(to_data(model), sort_keys=False, default_flow_style=None, width=100)
+    return yaml.safe_dump(_data_of(model), sort_keys=False, default_flow_style=None, width=100)
 
 
 def fingerprint(model: BaseModel) -> str:

@@ -60,6 +60,12 @@ def show_value(value: Any, limit: int = MAX_REPR_CHARS) -> str:
     return printable(f"a {type(value).__name__}", limit)
 
 
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence (a full stop added unless it ends in ``.``, ``!``, ``?``)."""
+    text = text.rstrip()
+    return text if not text or text.endswith((".", "!", "?", "…")) else text + "."
+
+
 class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"
@@ -89,6 +95,9 @@ class Code(StrEnum):
     OUTPUT_IS_INPUT = "KVP017"
     STDOUT_FAILED = "KVP018"
     INTERNAL = "KVP019"
+    # options and values (020-024)
+    BAD_SIZE = "KVP020"
+    UNKNOWN_SCHEMA = "KVP021"
     # config semantics (1xx)
     BAD_NUM_BLOCKS = "KVP101"
     EMPTY_TENSOR = "KVP102"
@@ -188,11 +197,12 @@ class Diagnostic(BaseModel):
         return self.severity is Severity.ERROR
 
     def render(self) -> str:
-        """One paragraph: ``KVP201 error at model.layers.15: ... Fix: ...``."""
+        """One paragraph in the one message style of kvplan:
+        ``KVP201 error at model.layers.15: <what is wrong>. Fix: <what to do>.``"""
         where = f" at {self.location}" if self.location else ""
-        text = f"{self.code.value} {self.severity.value}{where}: {self.message}"
+        text = f"{self.code.value} {self.severity.value}{where}: {_sentence(self.message)}"
         if self.hint:
-            text += f" Fix: {self.hint}"
+            text += f" Fix: {_sentence(self.hint)}"
         return text
 
 
@@ -206,17 +216,57 @@ def warning(code: Code, location: str, message: str, hint: str = "") -> Diagnost
     )
 
 
+class Findings(list[Diagnostic]):
+    """Every problem one step found: the one way problems travel in kvplan.
+
+    A ``list`` of :class:`Diagnostic` (errors and warnings together, in the order found) with
+    what every caller used to write by hand: :attr:`errors`, :attr:`warnings`,
+    :meth:`raise_for_errors` (as httpx's ``raise_for_status``: raise only when something is
+    wrong) and :meth:`render` (one paragraph per finding, "... Fix: ...").
+    """
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self if d.is_error]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self if not d.is_error]
+
+    @property
+    def ok(self) -> bool:
+        """No errors (warnings allowed)."""
+        return not any(d.is_error for d in self)
+
+    def raise_for_errors(self, *, strict: bool = False) -> None:
+        """Raise :class:`KVPlanError` with every error; ``strict``: warnings count as errors
+        (raised as errors, so the message and exit status say what failed)."""
+        bad = self.as_errors() if strict else self.errors
+        if bad:
+            raise KVPlanError(bad)
+
+    def as_errors(self) -> Findings:
+        """Every finding, warnings promoted to errors (``--strict``, the plugin's strict mode)."""
+        return Findings(
+            d if d.is_error else d.model_copy(update={"severity": Severity.ERROR}) for d in self
+        )
+
+    def render(self) -> str:
+        """Errors first, then warnings: one rendered paragraph a line."""
+        return "\n".join(d.render() for d in sorted(self, key=lambda d: not d.is_error))
+
+
 class KVPlanError(Exception):
     """Raised for bad input or a failed plan/apply; carries every diagnostic found."""
 
     def __init__(self, diagnostics: list[Diagnostic] | Diagnostic) -> None:
         if isinstance(diagnostics, Diagnostic):
             diagnostics = [diagnostics]
-        self.diagnostics: list[Diagnostic] = list(diagnostics)
+        self.diagnostics: Findings = Findings(diagnostics)
         super().__init__(self._summary())
 
     def _summary(self) -> str:
-        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
+        errors = self.diagnostics.errors or self.diagnostics
         if len(errors) == 1:
             return errors[0].render()
         head = f"{len(errors)} errors; first: {errors[0].render()}"
@@ -224,5 +274,4 @@ class KVPlanError(Exception):
 
     @property
     def code(self) -> Code:
-        errors = [d for d in self.diagnostics if d.is_error] or self.diagnostics
-        return errors[0].code
+        return (self.diagnostics.errors or self.diagnostics)[0].code

@@ -6,16 +6,36 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kvplan.schemas.input import InputDocument
-from kvplan.schemas.plan import BindingPlan
+from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+from kvplan.schemas.input import INPUT_FORMAT, InputDocument
+from kvplan.schemas.legacy import LEGACY_INPUT_FORMAT, LegacyInputDocument
+from kvplan.schemas.plan import PLAN_FORMAT, BindingPlan
 
-SCHEMA_FILES = {"input": "kvplan.input.schema.json", "plan": "kvplan.plan.schema.json"}
+SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
+    "input": (InputDocument, INPUT_FORMAT),
+    "legacy": (LegacyInputDocument, LEGACY_INPUT_FORMAT),
+    "plan": (BindingPlan, PLAN_FORMAT),
+}
+"""Schema name → the model and the document format it describes."""
+
+SCHEMA_FILES = {name: f"{fmt.removesuffix('/1')}.schema.json" for name, (_, fmt) in SCHEMAS.items()}
+"""Schema name → its file under ``schemas/``."""
 
 
 def schema_of(which: str) -> dict[str, Any]:
-    """``input`` or ``plan``: the JSON schema (draft 2020-12) of that document."""
-    model: type[BaseModel] = InputDocument if which == "input" else BindingPlan
+    """The JSON schema (draft 2020-12) of the document ``which`` names (:data:`SCHEMAS`);
+    ``KVP021`` for any other name."""
+    if which not in SCHEMAS:
+        raise KVPlanError(
+            error(
+                Code.UNKNOWN_SCHEMA,
+                "NAME",
+                f"no schema named {show_value(which)}; known: {', '.join(SCHEMAS)}",
+                "run `kvplan schema input`, `kvplan schema legacy` or `kvplan schema plan`",
+            )
+        )
+    model, fmt = SCHEMAS[which]
     schema = model.model_json_schema(by_alias=True, mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = f"kvplan.{which}/1"
+    schema["$id"] = fmt
     return schema

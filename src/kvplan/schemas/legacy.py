@@ -28,11 +28,16 @@ from pydantic import (
 )
 
 from kvplan.schemas.dtypes import DType, itemsize
-from kvplan.schemas.specs import by_name
+from kvplan.schemas.specs import KVCacheSpecKind, by_name
+from kvplan.units import VMM_GRANULARITY
 
 LEGACY_INPUT_FORMAT = "kvplan.input-legacy/1"
-KVCACHED_PAGE_SIZE = 2 << 20
-"""kvcached's default physical page (``KVCACHED_PAGE_SIZE_MB=2``)."""
+FP8_DS_MLA_TOKEN_BYTES = 656
+"""Bytes per token of DeepSeek V3.2's ``fp8_ds_mla`` cache: 512 fp8 NoPE values, 4 float32
+scales, 64 bf16 RoPE values (vLLM's ``v1/attention/backends/mla/flashmla_sparse.py``)."""
+FP8_DS_MLA_V4_TOKEN_BYTES = 584
+"""Bytes per token of DeepSeek V4's ``fp8_ds_mla`` cache: 448 fp8 NoPE values, 64 bf16 RoPE
+values, 7 ue8m0 scales and a pad byte (same file)."""
 
 PER_TOKEN_HEAD_SCALE_BYTES = 4
 """0.24 budgets one float32 scale per token, head and K/V in the page."""
@@ -291,8 +296,8 @@ class _MLAPage:
         storage = self.storage_block_size
         if self.cache_dtype_str == "fp8_ds_mla":
             if self.model_version == "deepseek_v4":
-                return storage * 584
-            return self.block_size * 656
+                return storage * FP8_DS_MLA_V4_TOKEN_BYTES
+            return self.block_size * FP8_DS_MLA_TOKEN_BYTES
         return storage * self.num_kv_heads * self.head_size * itemsize(self.dtype)
 
     def _mla_page(self) -> int:
@@ -398,21 +403,16 @@ LegacyAnySpec = Annotated[
     Field(discriminator="kind"),
 ]
 
-LEGACY_SPEC_KINDS: tuple[str, ...] = (
-    "AttentionSpec",
-    "FullAttentionSpec",
-    "SlidingWindowSpec",
-    "ChunkedLocalAttentionSpec",
-    "MLAAttentionSpec",
-    "HiddenStateCacheSpec",
-    "SlidingWindowMLASpec",
-    "TQFullAttentionSpec",
-    "EncoderOnlyAttentionSpec",
-    "CrossAttentionSpec",
-    "SinkFullAttentionSpec",
-    "MambaSpec",
-    "UniformTypeKVCacheSpecs",
+_NOT_IN_LEGACY = frozenset(
+    {
+        KVCacheSpecKind.RSWA,
+        KVCacheSpecKind.CIRCULAR_BUFFER,
+        KVCacheSpecKind.HISPARSE_HOT,
+        KVCacheSpecKind.HISPARSE_RESIDENT,
+    }
 )
+LEGACY_SPEC_KINDS: tuple[str, ...] = tuple(k for k in KVCacheSpecKind if k not in _NOT_IN_LEGACY)
+"""The kinds a ``kvplan.input-legacy/1`` document may name (vLLM 0.24's spec classes)."""
 
 
 class LegacyKVCacheTensor(_Frozen):
@@ -479,7 +479,7 @@ class BindingOptions(_Frozen):
         default=None, gt=0, description="address space each kvcached pool reserves"
     )
     page_size_bytes: int = Field(
-        default=KVCACHED_PAGE_SIZE, gt=0, description="kvcached's physical page (PAGE_SIZE)"
+        default=VMM_GRANULARITY, gt=0, description="kvcached's physical page (PAGE_SIZE)"
     )
 
 

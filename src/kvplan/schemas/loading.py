@@ -16,7 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from kvplan.schemas.canonical import to_json, to_yaml
+from kvplan.schemas.canonical import Document, to_json, to_yaml
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable, show_value
 from kvplan.schemas.input import INPUT_FORMAT, InputDocument
 from kvplan.schemas.legacy import LegacyInputDocument
@@ -630,7 +630,7 @@ def load_any(path: str | Path) -> InputDocument | LegacyInputDocument | BindingP
     return parse_input(data, str(path))
 
 
-def dumps(obj: BaseModel, *, yaml_format: bool = False) -> str:
+def dumps(obj: Document, *, yaml_format: bool = False) -> str:
     return to_yaml(obj) if yaml_format else to_json(obj)
 
 
@@ -754,7 +754,7 @@ def refuse_output_over_input(output: str | Path, inputs: list[str | Path]) -> No
             )
 
 
-def dump(obj: BaseModel, path: str | Path) -> None:
+def dump(obj: Document, path: str | Path) -> None:
     """Write ``obj`` canonically (YAML for .yaml/.yml, JSON otherwise), atomically.
 
     See :func:`write_text_atomic`; failures raise ``KVP016``.

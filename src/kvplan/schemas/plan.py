@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvplan.schemas.dtypes import DType, itemsize
+from kvplan.schemas.specs import KVCacheSpecKind
 
 PLAN_FORMAT = "kvplan.plan/1"
 
@@ -53,6 +54,18 @@ class View(_Frozen):
     @property
     def itemsize(self) -> int:
         return itemsize(self.dtype)
+
+    @property
+    def spec_kind(self) -> KVCacheSpecKind | None:
+        """``kind`` as a :class:`KVCacheSpecKind` (None: a hand-written kind kvplan does not
+        know, which a plan may carry)."""
+        return KVCacheSpecKind.of(self.kind)
+
+    @property
+    def is_raw_storage(self) -> bool:
+        """The layer keeps the raw pool (HiSparse): outside the per-group overlap rule."""
+        kind = self.spec_kind
+        return kind is not None and kind.is_raw_storage
 
     @property
     def storage_offset(self) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from enum import Enum, IntEnum, StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -115,6 +115,118 @@ class SparseCacheRole(StrEnum):
 
 KVQuantModeField = Annotated[KVQuantMode, *by_name(KVQuantMode, {"CUSTOM": "OCTAVE_K3V4"})]
 SparseCacheRoleField = Annotated[SparseCacheRole, *by_name(SparseCacheRole)]
+
+
+class KVCacheSpecFamily(StrEnum):
+    """vLLM's ``KVCacheSpecKind``: the attention family two layers must share to alias
+    (``get_kv_cache_spec_kind`` in ``vllm/v1/kv_cache_interface.py``)."""
+
+    FULL_ATTENTION = "full_attention"
+    MLA_ATTENTION = "mla_attention"
+    SLIDING_WINDOW = "sliding_window"
+    SLIDING_WINDOW_MLA = "sliding_window_mla"
+    MAMBA = "mamba"
+    CHUNKED_LOCAL_ATTENTION = "chunked_local_attention"
+    SINK_FULL_ATTENTION = "sink_full_attention"
+    ENCODER_ONLY_ATTENTION = "encoder_only_attention"
+    CROSS_ATTENTION = "cross_attention"
+    UNKNOWN = "unknown"
+
+
+class KVCacheSpecKind(StrEnum):
+    """A document's ``kind``: the vLLM spec class it names (a ``str`` enum, so documents read
+    and write the class name unchanged). Every decision that depends on the kind alone is a
+    property here: :attr:`family`, :attr:`is_mamba`, :attr:`is_mla`, :attr:`is_raw_storage`,
+    :attr:`is_attention`, :attr:`groups_with_full_attention`.
+    """
+
+    ATTENTION = "AttentionSpec"
+    FULL_ATTENTION = "FullAttentionSpec"
+    SLIDING_WINDOW = "SlidingWindowSpec"
+    MLA_ATTENTION = "MLAAttentionSpec"
+    HIDDEN_STATE_CACHE = "HiddenStateCacheSpec"
+    RSWA = "RSWASpec"
+    CHUNKED_LOCAL_ATTENTION = "ChunkedLocalAttentionSpec"
+    CIRCULAR_BUFFER = "CircularBufferSpec"
+    SLIDING_WINDOW_MLA = "SlidingWindowMLASpec"
+    ENCODER_ONLY_ATTENTION = "EncoderOnlyAttentionSpec"
+    CROSS_ATTENTION = "CrossAttentionSpec"
+    SINK_FULL_ATTENTION = "SinkFullAttentionSpec"
+    MAMBA = "MambaSpec"
+    HISPARSE_HOT = "HiSparseHotSpec"
+    HISPARSE_RESIDENT = "HiSparseResidentSpec"
+    TQ_FULL_ATTENTION = "TQFullAttentionSpec"
+    """Legacy documents only (vLLM 0.24's TurboQuant spec, a ``FullAttentionSpec``)."""
+    UNIFORM_TYPE = "UniformTypeKVCacheSpecs"
+
+    @classmethod
+    def of(cls, name: object) -> KVCacheSpecKind | None:
+        """The member named ``name`` (a class name), or None for a kind kvplan does not know."""
+        return cls._value2member_map_.get(name) if isinstance(name, str) else None  # type: ignore[return-value]
+
+    @property
+    def family(self) -> KVCacheSpecFamily:
+        """vLLM's ``get_kv_cache_spec_kind`` of a spec of this class (``UNKNOWN`` for
+        ``UniformTypeKVCacheSpecs``, decided per instance by :func:`base_kind`)."""
+        return _FAMILY.get(self, KVCacheSpecFamily.UNKNOWN)
+
+    @property
+    def is_mamba(self) -> bool:
+        return self is KVCacheSpecKind.MAMBA
+
+    @property
+    def is_mla(self) -> bool:
+        """One latent vector per state, no separate K and V (MLA and its subclasses)."""
+        return self in _MLA
+
+    @property
+    def is_raw_storage(self) -> bool:
+        """Layers keep the raw backing buffer: no per-layer view, no overlap rule."""
+        return self in _RAW_STORAGE
+
+    @property
+    def is_attention(self) -> bool:
+        """An ``AttentionSpec``: ``[B, H, N, C]`` pages of K and V (or an MLA latent)."""
+        return not (self.is_mamba or self.is_raw_storage or self is KVCacheSpecKind.UNIFORM_TYPE)
+
+    @property
+    def groups_with_full_attention(self) -> bool:
+        """vLLM registers this class with ``uniform_type_base_spec=FullAttentionSpec``
+        (``register_all_kvcache_specs`` in ``vllm/v1/core/single_type_kv_cache_manager.py``)."""
+        return self in _FULL_ATTENTION_BASE
+
+
+_FAMILY: dict[KVCacheSpecKind, KVCacheSpecFamily] = {
+    KVCacheSpecKind.SLIDING_WINDOW_MLA: KVCacheSpecFamily.SLIDING_WINDOW_MLA,
+    KVCacheSpecKind.MLA_ATTENTION: KVCacheSpecFamily.MLA_ATTENTION,
+    KVCacheSpecKind.HIDDEN_STATE_CACHE: KVCacheSpecFamily.MLA_ATTENTION,
+    KVCacheSpecKind.SINK_FULL_ATTENTION: KVCacheSpecFamily.SINK_FULL_ATTENTION,
+    KVCacheSpecKind.FULL_ATTENTION: KVCacheSpecFamily.FULL_ATTENTION,
+    KVCacheSpecKind.RSWA: KVCacheSpecFamily.FULL_ATTENTION,
+    KVCacheSpecKind.TQ_FULL_ATTENTION: KVCacheSpecFamily.FULL_ATTENTION,
+    KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION: KVCacheSpecFamily.CHUNKED_LOCAL_ATTENTION,
+    KVCacheSpecKind.SLIDING_WINDOW: KVCacheSpecFamily.SLIDING_WINDOW,
+    KVCacheSpecKind.MAMBA: KVCacheSpecFamily.MAMBA,
+    KVCacheSpecKind.ENCODER_ONLY_ATTENTION: KVCacheSpecFamily.ENCODER_ONLY_ATTENTION,
+    KVCacheSpecKind.CROSS_ATTENTION: KVCacheSpecFamily.CROSS_ATTENTION,
+}
+_MLA = frozenset(
+    {
+        KVCacheSpecKind.MLA_ATTENTION,
+        KVCacheSpecKind.HIDDEN_STATE_CACHE,
+        KVCacheSpecKind.SLIDING_WINDOW_MLA,
+    }
+)
+_RAW_STORAGE = frozenset({KVCacheSpecKind.HISPARSE_HOT, KVCacheSpecKind.HISPARSE_RESIDENT})
+_FULL_ATTENTION_BASE = frozenset(
+    {
+        KVCacheSpecKind.FULL_ATTENTION,
+        KVCacheSpecKind.MLA_ATTENTION,
+        KVCacheSpecKind.RSWA,
+        KVCacheSpecKind.HIDDEN_STATE_CACHE,
+        KVCacheSpecKind.SINK_FULL_ATTENTION,
+    }
+)
 
 
 class MultipleOf(BaseModel):
@@ -488,7 +600,8 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
                 value = first.get("dcp_sharded") if isinstance(first, dict) else None
                 if value is None and isinstance(first, dict):
                     kind = first.get("kind")
-                    value = kind not in ("MambaSpec", "HiSparseHotSpec", "HiSparseResidentSpec")
+                    known = KVCacheSpecKind.of(kind)
+                    value = known is None or known.is_attention
                 if isinstance(first, KVCacheSpec):
                     value = first.dcp_sharded
                 if value is not None:
@@ -527,24 +640,10 @@ AnySpec = Annotated[
 ]
 """Any spec a ``KVCacheGroupSpec`` may carry, chosen by ``kind`` (the vLLM class name)."""
 
-SPEC_KINDS: tuple[str, ...] = (
-    "AttentionSpec",
-    "FullAttentionSpec",
-    "SlidingWindowSpec",
-    "MLAAttentionSpec",
-    "HiddenStateCacheSpec",
-    "RSWASpec",
-    "ChunkedLocalAttentionSpec",
-    "CircularBufferSpec",
-    "SlidingWindowMLASpec",
-    "EncoderOnlyAttentionSpec",
-    "CrossAttentionSpec",
-    "SinkFullAttentionSpec",
-    "MambaSpec",
-    "HiSparseHotSpec",
-    "HiSparseResidentSpec",
-    "UniformTypeKVCacheSpecs",
+SPEC_KINDS: tuple[str, ...] = tuple(
+    kind for kind in KVCacheSpecKind if kind is not KVCacheSpecKind.TQ_FULL_ATTENTION
 )
+"""The kinds a ``kvplan.input/1`` document may name (every vLLM 0.33 spec class)."""
 
 
 def layer_spec(group_spec: KVCacheSpec, layer: str) -> KVCacheSpec | None:
@@ -554,21 +653,31 @@ def layer_spec(group_spec: KVCacheSpec, layer: str) -> KVCacheSpec | None:
     return group_spec
 
 
-def base_kind(spec: KVCacheSpec) -> str:
-    """The attention family used for alias compatibility (vLLM's ``get_kv_cache_spec_kind``)."""
+class _HasKind(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+def spec_kind(spec: _HasKind) -> KVCacheSpecKind:
+    """The :class:`KVCacheSpecKind` of a spec model (current or legacy)."""
+    return KVCacheSpecKind(spec.kind)
+
+
+def base_kind(spec: KVCacheSpec) -> KVCacheSpecFamily:
+    """The attention family used for alias compatibility (vLLM's ``get_kv_cache_spec_kind``).
+
+    A ``UniformTypeKVCacheSpecs`` of one inner family has that family; of several, it is
+    full attention when every inner class groups with ``FullAttentionSpec`` (e.g. MLA and
+    full attention layers merged into one group), else unknown -- vLLM 0.33's
+    ``get_kv_cache_spec_kind`` in ``vllm/v1/kv_cache_interface.py``, which asks
+    ``KVCacheSpecRegistry.get_uniform_type_base_spec`` for each inner spec.
+    """
     if isinstance(spec, UniformTypeKVCacheSpecs):
-        kinds = {base_kind(s) for s in spec.kv_cache_specs.values()}
-        return kinds.pop() if len(kinds) == 1 else "unknown"
-    return {
-        "SlidingWindowMLASpec": "sliding_window_mla",
-        "MLAAttentionSpec": "mla_attention",
-        "HiddenStateCacheSpec": "mla_attention",
-        "SinkFullAttentionSpec": "sink_full_attention",
-        "FullAttentionSpec": "full_attention",
-        "RSWASpec": "full_attention",
-        "ChunkedLocalAttentionSpec": "chunked_local_attention",
-        "SlidingWindowSpec": "sliding_window",
-        "MambaSpec": "mamba",
-        "EncoderOnlyAttentionSpec": "encoder_only_attention",
-        "CrossAttentionSpec": "cross_attention",
-    }.get(spec.kind, "unknown")
+        inner = [spec_kind(s) for s in spec.kv_cache_specs.values()]
+        families = {kind.family for kind in inner}
+        if len(families) == 1:
+            return families.pop()
+        if all(kind.groups_with_full_attention for kind in inner):
+            return KVCacheSpecFamily.FULL_ATTENTION
+        return KVCacheSpecFamily.UNKNOWN
+    return spec_kind(spec).family

@@ -24,12 +24,12 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import ValidationError
 
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.layout import parse_layout
+from kvplan.schemas.loading import parse_input
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -248,19 +248,15 @@ def capture(
         "metadata": meta,
     }
     try:
-        return InputDocument.model_validate(document)
-    except ValidationError as exc:
-        raise KVPlanError(
-            [
-                error(
-                    Code.SCHEMA,
-                    ".".join(str(part) for part in item["loc"]),
-                    f"vLLM {version} produced a value kvplan's schema rejects: {item['msg']}.",
-                    "kvplan may not know this vLLM version's spec fields yet.",
-                )
-                for item in exc.errors()
-            ]
-        ) from exc
+        return parse_input(document, f"vLLM {version}'s KVCacheConfig")
+    except KVPlanError as exc:  # the schema's findings, led by what they mean here
+        lead = error(
+            Code.INTEGRATION,
+            "kv_cache_config",
+            f"vLLM {version} produced values kvplan's schema rejects",
+            "kvplan may not know this vLLM version's spec fields yet",
+        )
+        raise KVPlanError([lead, *exc.diagnostics]) from None
 
 
 # -- document -> vLLM ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvplan.integrations.vllm._patch_settings import ENV_BACKEND, ENV_ENABLE, ENV_PLAN_DIR
-from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, Severity, error
+from kvplan.schemas.errors import Code, Diagnostic, Findings, KVPlanError, error
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.versions import RefusedReleases, Resolved
@@ -31,10 +31,9 @@ class Where:
     site: str
 
 
-def as_errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
-    return [
-        d if d.is_error else d.model_copy(update={"severity": Severity.ERROR}) for d in diagnostics
-    ]
+def as_errors(diagnostics: list[Diagnostic]) -> Findings:
+    """Every diagnostic as an error (the plugin's strict mode): :meth:`Findings.as_errors`."""
+    return Findings(diagnostics).as_errors()
 
 
 # -- start-up (register) ------------------------------------------------------------------
@@ -110,7 +109,7 @@ def site_unwrapped(name: str) -> Diagnostic:
 
 
 def bind_refused(diagnostics: list[Diagnostic], where: Where, version: str) -> KVPlanError:
-    errors = [d for d in diagnostics if d.is_error] or diagnostics
+    errors = Findings(diagnostics).errors or diagnostics
     first = errors[0] if errors else None
     at = f" at {first.location}" if first and first.location else ""
     cause = f"{first.code.value}{at}: {first.message}" if first else "no reason given"

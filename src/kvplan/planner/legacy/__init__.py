@@ -12,21 +12,21 @@ A Mamba layer binds one tensor per state in vLLM 0.24: its views are ``<layer>#<
 
 from __future__ import annotations
 
-from kvplan.planner._plan_rules import VMM_GRANULARITY, check_plan
+from kvplan.planner._plan_rules import check_plan
 from kvplan.planner.legacy._binding import LegacyBinding
 from kvplan.planner.legacy._checks import check_legacy
 from kvplan.planner.legacy._kvcached import (
     KvcachedGeometry,
-    _Refused,
     bind_kvcached,
     kvcached_geometry_of,
 )
 from kvplan.planner.legacy._resolve import ResolvedDocument, resolve
 from kvplan.planner.legacy._vanilla import bind_vanilla
 from kvplan.schemas.canonical import fingerprint
-from kvplan.schemas.errors import Diagnostic, KVPlanError
+from kvplan.schemas.errors import Findings
 from kvplan.schemas.legacy import BindingOptions, LegacyInputDocument, PoolLayout, Strategy
 from kvplan.schemas.plan import BindingPlan, Source, Summary
+from kvplan.units import VMM_GRANULARITY
 
 __all__ = [
     "KvcachedGeometry",
@@ -61,12 +61,12 @@ def build_legacy_plan(
     pool_layout: PoolLayout | None = None,
     virtual_capacity_bytes: int | None = None,
     granularity: int = VMM_GRANULARITY,
-) -> tuple[BindingPlan | None, list[Diagnostic]]:
-    """Plan ``doc``; return the plan (None if it could not be built) and every diagnostic."""
+) -> tuple[BindingPlan | None, Findings]:
+    """Plan ``doc``; return the plan (None if it could not be built) and every finding."""
     options = effective_options(doc, strategy, pool_layout, virtual_capacity_bytes)
     r = resolve(doc)
-    problems = check_legacy(r, per_layer=options.pool_layout == "per-layer")
-    if any(d.is_error for d in problems):
+    problems = Findings(check_legacy(r, per_layer=options.pool_layout == "per-layer"))
+    if not problems.ok:
         return None, problems
     if options.strategy == "kvcached":
         binding = bind_kvcached(
@@ -78,7 +78,7 @@ def build_legacy_plan(
     else:
         binding = bind_vanilla(r)
     problems += binding.problems
-    if any(d.is_error for d in problems):
+    if not problems.ok:
         return None, problems
     plan = _assemble(doc.model_copy(update={"binding": options}), binding, r)
     problems += check_plan(plan, granularity=granularity)
@@ -99,9 +99,8 @@ def plan_legacy(
         pool_layout=pool_layout,
         virtual_capacity_bytes=virtual_capacity_bytes,
     )
-    errors = [d for d in problems if d.is_error]
-    if errors or plan is None:
-        raise KVPlanError(errors)
+    problems.raise_for_errors()
+    assert plan is not None  # no errors: built
     return plan
 
 
@@ -115,18 +114,13 @@ def kvcached_geometry(
     options = effective_options(doc, "kvcached", pool_layout, virtual_capacity_bytes)
     r = resolve(doc)
     per_layer = options.pool_layout == "per-layer"
-    errors = [d for d in check_legacy(r, per_layer=per_layer) if d.is_error]
-    if errors:
-        raise KVPlanError(errors)
-    try:
-        geometry, _ = kvcached_geometry_of(
-            r,
-            options.pool_layout,
-            options.virtual_capacity_bytes,
-            options.page_size_bytes,
-        )
-    except _Refused as exc:
-        raise KVPlanError(exc.diagnostic) from None
+    Findings(check_legacy(r, per_layer=per_layer)).raise_for_errors()
+    geometry, _ = kvcached_geometry_of(
+        r,
+        options.pool_layout,
+        options.virtual_capacity_bytes,
+        options.page_size_bytes,
+    )
     return geometry
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvplan.planner._bind import layer_view
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.errors import Diagnostic
 from kvplan.schemas.legacy import LegacyMambaSpec
@@ -66,18 +67,8 @@ def mamba_state_views(
         full = [blocks, *shape]
         stride = dense_strides(full)
         stride[0] = step // itemsize(dtype)
-        views.append(
-            View(
-                layer=f"{layer}#{i}",
-                group=group,
-                pool=pool,
-                kind=spec.kind,
-                dtype=dtype,
-                shape=full,
-                stride=stride,
-                offset_bytes=base + offsets[i],
-            )
-        )
+        offset = base + offsets[i]
+        views.append(layer_view(f"{layer}#{i}", group, pool, spec, dtype, full, stride, offset))
     return views
 
 

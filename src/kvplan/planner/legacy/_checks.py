@@ -191,11 +191,10 @@ def _sharing(r: ResolvedDocument) -> list[Diagnostic]:
 
 
 def _tensor_sizes(r: ResolvedDocument) -> list[Diagnostic]:
-    cfg = r.doc.kv_cache_config
     out: list[Diagnostic] = []
+    cfg = r.doc.kv_cache_config
     for name in r.backed_layers:
-        spec = r.spec_of(name)
-        t = r.tensor_of[name]
+        spec, t = r.spec_of(name), r.tensor_of[name]
         tensor = cfg.kv_cache_tensors[t]
         if spec is None:
             out.append(

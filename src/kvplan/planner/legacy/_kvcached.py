@@ -13,6 +13,7 @@ The formulas are in ``docs/layouts.md``; they follow kvcached's ``alloc_kv_cache
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from kvplan.planner._text import nums
 from kvplan.planner.legacy._binding import (
@@ -23,7 +24,7 @@ from kvplan.planner.legacy._binding import (
 )
 from kvplan.planner.legacy._resolve import ResolvedDocument
 from kvplan.schemas.dtypes import itemsize
-from kvplan.schemas.errors import Code, Diagnostic, error
+from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.legacy import (
     LegacyAttentionSpec,
     LegacyFullAttentionSpec,
@@ -35,32 +36,63 @@ from kvplan.schemas.legacy import (
 )
 from kvplan.schemas.plan import Pool, View
 
-MHA, MLA, HYBRID = "MHA", "MLA", "HYBRID_LINEAR"
+
+class AttentionType(StrEnum):
+    """kvcached's ``attention_type`` of a model, and the buffer counts that follow from it."""
+
+    MHA = "MHA"
+    MLA = "MLA"
+    HYBRID = "HYBRID_LINEAR"
+    """Full attention and Mamba layers in one unified pool."""
+
+    @property
+    def kv_buffers(self) -> int:
+        """Worker buffers per pool: 1 for MLA (one latent buffer), else 2 (a K and a V half)."""
+        return 1 if self is AttentionType.MLA else 2
+
+    @property
+    def scheduler_kv_buffers(self) -> int:
+        """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
+        return 1 if self in (AttentionType.MLA, AttentionType.HYBRID) else 2
+
+
+MHA, MLA, HYBRID = AttentionType.MHA, AttentionType.MLA, AttentionType.HYBRID
 
 
 @dataclass(frozen=True)
 class KvcachedGeometry:
     """The numbers the engine core and every worker must agree on (kvcached #472)."""
 
-    attention_type: str
+    attention_type: AttentionType
     contiguous: bool
     per_layer: bool
     """One pool per tensor-backed layer (kvcached's v0.8 binding) instead of per group index."""
     num_pools: int
-    num_kv_buffers: int
-    """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
     cell_size: int
     block_mem_bytes: int
     """Scheduler bytes per block and pool: ``block_size * cell_size``."""
     kv_bytes: int
     """Per pool, bytes of the K half (= of the V half; MLA: of the buffer)."""
-    ftensor_bytes: int
-    """Per pool reservation: ``kv_bytes * (1 if MLA else 2)``."""
     num_blocks: int
     """Virtual blocks per pool: ``kv_bytes // bm`` (``bm`` = one K-or-V block)."""
     page_size_bytes: int
-    compound_page_bytes: int
-    """Physical bytes one page id maps: ``P*L*nkvb`` contiguous, ``P`` per pool otherwise."""
+
+    @property
+    def num_kv_buffers(self) -> int:
+        """The scheduler's ``num_kv_buffers``: 1 for MLA and attention+Mamba, else 2."""
+        return self.attention_type.scheduler_kv_buffers
+
+    @property
+    def ftensor_bytes(self) -> int:
+        """Per pool reservation: ``kv_bytes`` times the worker's K/V buffers."""
+        return self.kv_bytes * self.attention_type.kv_buffers
+
+    @property
+    def compound_page_bytes(self) -> int:
+        """Physical bytes one page id maps: ``P*L*nkvb`` contiguous, ``P`` per pool otherwise."""
+        if not self.contiguous:
+            return self.page_size_bytes
+        return self.page_size_bytes * self.num_pools * self.num_kv_buffers
 
 
 @dataclass(frozen=True)
@@ -83,22 +115,17 @@ class _Group:
         return (self.block_size, self.heads, self.head)
 
 
-class _Refused(Exception):
-    def __init__(self, diagnostic: Diagnostic) -> None:
-        self.diagnostic = diagnostic
-
-
 def _refuse(
     where: str, message: str, hint: str = "", code: Code = Code.KVCACHED_UNSUPPORTED
-) -> _Refused:
-    return _Refused(error(code, where, f"kvcached: {message}", hint))
+) -> KVPlanError:
+    return KVPlanError(error(code, where, f"kvcached: {message}", hint))
 
 
 def _is_attention(spec: LegacySpec) -> bool:
     return isinstance(spec, LegacyFullAttentionSpec | LegacySlidingWindowSpec)
 
 
-def _attention_type(r: ResolvedDocument) -> str:
+def _attention_type(r: ResolvedDocument) -> AttentionType:
     specs = [r.group_spec(g) for g, layers in enumerate(r.backed) if layers]
     if any(isinstance(s, LegacyMLAAttentionSpec) for s in specs):
         return MLA
@@ -108,7 +135,7 @@ def _attention_type(r: ResolvedDocument) -> str:
     return MHA
 
 
-def _groups(r: ResolvedDocument, attention_type: str) -> list[_Group]:
+def _groups(r: ResolvedDocument, attention_type: AttentionType) -> list[_Group]:
     """Attention groups with kvcached's reading of their backend shape (validated)."""
     out = []
     for gid, group in enumerate(r.doc.kv_cache_config.kv_cache_groups):
@@ -161,27 +188,26 @@ def _groups(r: ResolvedDocument, attention_type: str) -> list[_Group]:
     return out
 
 
-def _block_mem(group: _Group, attention_type: str) -> int:
+def _block_mem(group: _Group, attention_type: AttentionType) -> int:
     """Worker ``block_mem_bytes``: one K-or-V block (MHA, hybrid) or one block (MLA)."""
     heads = 1 if attention_type == MLA else group.heads
     return group.block_size * heads * group.head * itemsize(group.spec.dtype)
 
 
-def _check_groups(groups: list[_Group], attention_type: str, page: int) -> None:
+def _check_groups(groups: list[_Group], attention_type: AttentionType, page: int) -> None:
     first = groups[0]
-    nkvb = 1 if attention_type in (MLA, HYBRID) else 2
-    sched = first.spec.page_size_bytes // nkvb
+    sched = first.spec.page_size_bytes // attention_type.scheduler_kv_buffers
+    nkv = attention_type.kv_buffers
     for g in groups:
         where = f"kv_cache_config.kv_cache_groups[{g.gid}]"
         # _validate_kv_cache_groups: one block_mem_size and num_kv_buffers for all groups
-        mine = g.spec.page_size_bytes // (1 if attention_type == MLA else 2)
-        if mine != first.spec.page_size_bytes // (1 if attention_type == MLA else 2):
+        if g.spec.page_size_bytes // nkv != first.spec.page_size_bytes // nkv:
             raise _refuse(
                 where,
                 f"attention groups must share bytes per block; group {first.gid} has "
                 f"{first.spec.page_size_bytes} B pages, group {g.gid} {g.spec.page_size_bytes} B",
             )
-        geometric = _block_mem(g, attention_type) * (1 if attention_type == MLA else 2)
+        geometric = _block_mem(g, attention_type) * nkv
         if g.spec.page_size_bytes != geometric:
             raise _refuse(
                 where,
@@ -198,7 +224,7 @@ def _check_groups(groups: list[_Group], attention_type: str, page: int) -> None:
         )
 
 
-def _refuse_per_layer_mamba() -> _Refused:
+def _refuse_per_layer_mamba() -> KVPlanError:
     return _refuse(
         "binding.pool_layout",
         "the per-layer binding (v0.8 patch_initialize_kv_cache) has no Mamba state views: it "
@@ -211,7 +237,7 @@ def _refuse_per_layer_mamba() -> _Refused:
 def kvcached_geometry_of(
     r: ResolvedDocument, layout: PoolLayout, virtual_capacity: int | None, page: int
 ) -> tuple[KvcachedGeometry, list[_Group]]:
-    """kvcached's pool geometry for a checked document; raises ``_Refused``."""
+    """kvcached's pool geometry for a checked document; raises :class:`KVPlanError`."""
     contiguous, per_layer = layout == "contiguous", layout == "per-layer"
     attention_type = _attention_type(r)
     if per_layer and attention_type == HYBRID:
@@ -225,7 +251,7 @@ def kvcached_geometry_of(
             "attention+Mamba models need one attention geometry, got "
             f"{sorted({g.geom for g in groups})}",
         )
-    nkv = 1 if attention_type == MLA else 2
+    nkv = attention_type.kv_buffers
     align = 2 * page if attention_type == MLA else page
     bm = _block_mem(first, attention_type)
     if attention_type == HYBRID:
@@ -250,23 +276,17 @@ def kvcached_geometry_of(
             f"reserve at least {nkv * (-(-r.num_blocks * bm // align) * align)} B per pool",
             Code.VIRTUAL_CAPACITY_TOO_SMALL,
         )
-    pools = r.num_pools(per_layer)
-    sched_nkvb = 1 if attention_type in (MLA, HYBRID) else 2
-    compound = page * pools * (1 if attention_type == HYBRID else nkv) if contiguous else page
-    cell = first.spec.page_size_bytes // first.block_size // sched_nkvb
+    cell = first.spec.page_size_bytes // first.block_size // attention_type.scheduler_kv_buffers
     geometry = KvcachedGeometry(
-        attention_type=attention_type,
-        contiguous=contiguous,
-        per_layer=per_layer,
-        num_pools=pools,
-        num_kv_buffers=sched_nkvb,
+        attention_type,
+        contiguous,
+        per_layer,
+        num_pools=r.num_pools(per_layer),
         cell_size=cell,
         block_mem_bytes=first.block_size * cell,
         kv_bytes=kv_bytes,
-        ftensor_bytes=kv_bytes * nkv,
         num_blocks=blocks,
         page_size_bytes=page,
-        compound_page_bytes=compound,
     )
     return geometry, groups
 
@@ -289,8 +309,8 @@ def bind_kvcached(
                         "use the non-contiguous layout (KVCACHED_CONTIGUOUS_LAYOUT=false)",
                         Code.CONTIGUOUS_KERNEL_SPLIT,
                     )
-    except _Refused as exc:
-        out.problems.append(exc.diagnostic)
+    except KVPlanError as exc:
+        out.problems.extend(exc.diagnostics)
         return out
     out.pools = _pools(geo)
     by_gid = {g.gid: g for g in groups}
@@ -305,7 +325,7 @@ def bind_kvcached(
                 g = by_gid[gid] if hetero else groups[0]
                 out.views.append(_attention_view(r, geo, g, layer, i))
     out.aliases = aliases_of(r.sharers)
-    nkv = 1 if geo.attention_type == MLA else 2
+    nkv = geo.attention_type.kv_buffers
     out.bytes_per_block = geo.num_pools * nkv * _block_mem(groups[0], geo.attention_type)
     return out
 

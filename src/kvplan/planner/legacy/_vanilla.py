@@ -24,8 +24,8 @@ from kvplan.planner.legacy._resolve import ResolvedDocument
 from kvplan.schemas.dtypes import itemsize
 from kvplan.schemas.legacy import LegacyAttentionSpec, LegacyMambaSpec
 from kvplan.schemas.plan import Pool, View
+from kvplan.units import POOL_ALIGNMENT
 
-POOL_ALIGNMENT = 256
 PACKED_POOL = "packed"
 
 

@@ -1,0 +1,115 @@
+"""The options ``kvplan inspect`` and ``kvplan golden add`` share, defined once.
+
+:class:`InspectFlags` declares each option (name, default, help) as a field;
+:func:`with_inspect_flags` adds those fields to a command's parameters and hands the command
+one ``flags: InspectFlags``. Both commands therefore accept the same options, record the same
+:class:`~kvplan.integrations.vllm.inspect.InspectOptions`, and a new option is one field here.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, get_type_hints
+
+import typer
+
+from kvplan import units
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.inspect import InspectOptions
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class InspectFlags:
+    """What to plan for, as typed on the command line (mirrors ``vllm serve`` flags)."""
+
+    gpu_memory: Annotated[
+        str, typer.Option("--gpu-memory", help="GPU memory to plan for, e.g. 80GiB")
+    ] = "80GiB"
+    gpu_memory_utilization: Annotated[
+        float,
+        typer.Option(
+            "--gpu-memory-utilization",
+            help="fraction of --gpu-memory for the KV cache (KV = memory x this)",
+        ),
+    ] = 0.9
+    reserve_weights: Annotated[
+        bool,
+        typer.Option(
+            "--reserve-weights", help="subtract the weights (as built) from the KV memory"
+        ),
+    ] = False
+    num_blocks: Annotated[
+        int | None, typer.Option("--num-blocks", help="vLLM's --num-gpu-blocks-override")
+    ] = None
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto"
+    block_size: Annotated[int | None, typer.Option("--block-size")] = None
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size", min=1)] = 1
+    layout: Annotated[
+        str | None, typer.Option("--layout", help="KV cache layout, e.g. LBNHC, BLHNC")
+    ] = None
+    no_hybrid: Annotated[
+        bool,
+        typer.Option("--disable-hybrid-kv-cache-manager", help="as vLLM's flag of the same name"),
+    ] = False
+    attention_backend: Annotated[
+        str | None, typer.Option("--attention-backend", help="vLLM backend name")
+    ] = None
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-remote-code",
+            help="as vLLM's flag: run the model repository's own code (config auto_map)",
+        ),
+    ] = False
+
+    def options(self) -> InspectOptions:
+        """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size)."""
+        from kvplan.integrations.vllm.inspect import InspectOptions
+
+        return InspectOptions(
+            gpu_memory=units.parse_size(self.gpu_memory, "--gpu-memory"),
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_blocks=self.num_blocks,
+            max_model_len=self.max_model_len,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size,
+            tp=self.tp,
+            layout=self.layout,
+            disable_hybrid_kv_cache_manager=self.no_hybrid,
+            attention_backend=self.attention_backend,
+            reserve_weights=self.reserve_weights,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+
+def with_inspect_flags(command: _F) -> _F:
+    """``command`` with every :class:`InspectFlags` field as an option besides its own
+    parameters; it is called with them collected as ``flags``."""
+    hints = get_type_hints(InspectFlags, include_extras=True)
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    shared = [
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
+        for f in fields(InspectFlags)
+    ]
+    names = [p.name for p in shared]
+    own = [
+        p.replace(kind=keyword)
+        for p in inspect.signature(command, eval_str=True).parameters.values()
+        if p.name != "flags"
+    ]
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        flags = InspectFlags(**{name: kwargs.pop(name) for name in names if name in kwargs})
+        return command(*args, flags=flags, **kwargs)
+
+    # typer calls with keywords only; the shared options are listed first in --help
+    run.__signature__ = inspect.Signature([*shared, *own])  # type: ignore[attr-defined]
+    return run  # type: ignore[return-value]
