@@ -729,9 +729,9 @@ def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:
         shared_kv_cache_layers={},
         metadata={"source": "kvplan vLLM plugin", "phase": "scheduler"},
     )
-    plan, errors, _ = plan_step(document, runtime.settings)
-    if errors or plan is None:
-        raise KVPlanError(errors)
+    plan, findings = plan_step(document, runtime.settings)
+    findings.raise_for_errors(strict=plan is None)
+    assert plan is not None
     chunk = elastic_chunk_bytes(runtime.settings.backend)
     return Ledger(plan, chunk, chunk)
 

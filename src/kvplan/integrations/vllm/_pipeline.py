@@ -25,7 +25,7 @@ from kvplan.integrations.vllm import _refusals as refusals
 from kvplan.integrations.vllm._elastic import EngineCoreState
 from kvplan.integrations.vllm._patch_lifetime import keep, release_owner
 from kvplan.integrations.vllm._patch_settings import Settings
-from kvplan.schemas.errors import KVPlanError
+from kvplan.schemas.errors import Findings, KVPlanError
 
 if TYPE_CHECKING:
     from kvplan.executor import BoundKVCache
@@ -163,19 +163,15 @@ def capture_step(
     )
 
 
-def plan_step(
-    document: InputDocument, settings: Settings
-) -> tuple[BindingPlan | None, list[Any], list[Any]]:
-    """``(plan, errors, warnings)``: ``strict`` makes every warning an error."""
+def plan_step(document: InputDocument, settings: Settings) -> tuple[BindingPlan | None, Findings]:
+    """The plan and its findings; ``strict`` makes every warning an error."""
     from kvplan.executor.backends import backend_info
     from kvplan.planner import build_plan
 
     # Pools are checked against the granules the backend maps in (torch: 1 byte, no check).
     granularity = backend_info(settings.backend).granularity_default
-    result, problems = build_plan(document, granularity=granularity)
-    if settings.strict:
-        return result, refusals.as_errors(problems), []
-    return result, [p for p in problems if p.is_error], [p for p in problems if not p.is_error]
+    result, findings = build_plan(document, granularity=granularity)
+    return result, findings.as_errors() if settings.strict else findings
 
 
 def dump_step(
@@ -371,12 +367,12 @@ class Runtime:
             return "rank?"
 
     def _plan(self, document: InputDocument, where: refusals.Where) -> BindingPlan:
-        plan, errors, warnings = plan_step(document, self.settings)
+        plan, findings = plan_step(document, self.settings)
         dump_step(self.settings, where.label, where.phase, document, plan)
         self.stats["plans"] += 1
-        if errors or plan is None:
-            raise KVPlanError(errors or refusals.as_errors(warnings))
-        for problem in warnings:
+        findings.raise_for_errors(strict=plan is None)
+        assert plan is not None  # the planner gives no plan only with an error
+        for problem in findings.warnings:
             logger.warning("kvplan: %s", problem.render())
         return plan
 

@@ -31,11 +31,6 @@ class Where:
     site: str
 
 
-def as_errors(diagnostics: list[Diagnostic]) -> Findings:
-    """Every diagnostic as an error (the plugin's strict mode): :meth:`Findings.as_errors`."""
-    return Findings(diagnostics).as_errors()
-
-
 # -- start-up (register) ------------------------------------------------------------------
 
 
@@ -207,7 +202,7 @@ def mismatch(what: str, problems: list[Diagnostic]) -> KVPlanError:
                 f"{what} does not match the plan ({len(problems)} difference(s)).",
                 "kvplan's model of this vLLM is wrong for this config; please report it",
             ),
-            *as_errors(problems),
+            *Findings(problems).as_errors(),
         ]
     )
 

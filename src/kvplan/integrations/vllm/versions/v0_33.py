@@ -28,6 +28,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     Target,
     VersionAdapter,
 )
+from kvplan.schemas.specs import KVCacheSpecKind
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm._pipeline import Call, CallContext, Runtime
@@ -49,7 +50,8 @@ def _sharing_map(
     unbacked = [
         name
         for group in config.kv_cache_groups
-        if type(group.kv_cache_spec).__name__ != "EncoderOnlyAttentionSpec"
+        if KVCacheSpecKind.of(type(group.kv_cache_spec).__name__)
+        is not KVCacheSpecKind.ENCODER_ONLY_ATTENTION
         and has_views(group.kv_cache_spec)
         for name in group.layer_names
         if name not in backed
