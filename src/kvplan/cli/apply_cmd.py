@@ -124,7 +124,7 @@ def _run(
     backend: str,
     device: str | None,
     mode: Mode,
-    chunk: int,
+    chunk: int | None,
     blocks: list[int],
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
     from kvplan.executor import apply, verify
@@ -181,15 +181,20 @@ def apply_command(
     ] = ModeName.eager,
     device: Annotated[str | None, typer.Option(help="torch device, e.g. cpu or cuda:0")] = None,
     chunk_size: Annotated[
-        str, typer.Option("--chunk-size", help="physical chunk size, e.g. 2MiB, 32MiB")
-    ] = "2MiB",
+        str | None,
+        typer.Option(
+            "--chunk-size",
+            help="physical chunk size, e.g. 2MiB, 32MiB [default: eager 128MiB (at most the "
+            "pool), elastic the backend granularity]",
+        ),
+    ] = None,
     blocks: Annotated[
         str | None, typer.Option(help="elastic: block ids to map after apply, e.g. 0-15,32")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Apply PLAN with a backend, verify every tensor, print timings (ms) and memory."""
-    chunk = parse_size(chunk_size)
+    chunk = parse_size(chunk_size) if chunk_size is not None else None
     if blocks:
         parse_block_ranges(blocks)  # syntax first, before the plan is read
     plan = load_document_as_plan(plan_path)

@@ -6,7 +6,7 @@ live in :mod:`kvplan.executor.backends`. Importing this package imports neither 
 cuda-python; they load when a backend is created.
 """
 
-from kvplan.executor._apply import DEFAULT_CHUNK_BYTES, apply
+from kvplan.executor._apply import EAGER_CHUNK_BYTES, apply
 from kvplan.executor._bound import BoundKVCache
 from kvplan.executor._verify import verify
 from kvplan.executor.backends import (
@@ -19,7 +19,7 @@ from kvplan.executor.backends import (
 
 __all__ = [
     "BACKENDS",
-    "DEFAULT_CHUNK_BYTES",
+    "EAGER_CHUNK_BYTES",
     "Backend",
     "BackendCallError",
     "BoundKVCache",
