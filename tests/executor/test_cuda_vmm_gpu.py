@@ -123,7 +123,7 @@ def test_scratch_makes_unbacked_blocks_harmless() -> None:
             gran = cache.chunk_bytes
             assert gran == be.granularity()  # elastic default: the granularity
             free1, _ = be.mem_info()
-            assert free0 - free1 <= 2 * gran  # one scratch granule, not the reservation
+            assert free0 - free1 < 16 * MiB  # one scratch granule, not the 64 MiB reserved
             assert be.live().mappings == 0 and be.scratch_live()[1] == 64 * MiB // gran
             last, first = cache.tensors[plans.layer_name(3)], cache.tensors[plans.layer_name(0)]
             assert float(last[200].abs().sum()) == 0.0  # unbacked reads: zeros, no fault
@@ -137,7 +137,9 @@ def test_scratch_makes_unbacked_blocks_harmless() -> None:
             torch.cuda.synchronize()
             assert float(last[200].sum()) == 5.0 * last[200].numel()
             assert float(first[200].sum()) == 0.0  # layer 0's chunk was mapped and zeroed too
-            assert float(last[100].sum()) == 3.0 * last[100].numel()  # still the scratch
+            # Block 104 sits at the same offset of another, still unbacked granule (104 % 32 ==
+            # 200 % 32 with 32 blocks of 64 KiB per 2 MiB): it reads the stray write.
+            assert float(last[104].sum()) == 3.0 * last[104].numel()
             cache.release_blocks([200])
             torch.cuda.synchronize()
             last[200].fill_(7.0)  # unbacked again: no fault
