@@ -192,3 +192,13 @@ def test_top_live_refreshes_until_ctrl_c(engines: Path, monkeypatch: pytest.Monk
     assert sleeps == [0.25, 0.25, 0.25]
     assert len(reads) == 4  # the start check, the first frame and two refreshes
     assert "7.00 MiB" in res.stdout and "host:e2" in res.stdout
+
+
+def test_top_escapes_and_bounds_document_text(tmp_path: Path) -> None:
+    engine = "evil\x1b[31m" + "x" * 400
+    write_stats(tmp_path, make_stats(engine=engine, time=time.time()))
+    res = run("top", str(tmp_path), "--once")
+    assert res.exit_code == 0 and "\x1b[" not in res.stdout
+    assert "evil\\x1b[31m" in res.stdout and "x" * 400 not in res.stdout
+    data = json.loads(run("top", str(tmp_path), "--json").stdout)
+    assert data[0]["engine"] == engine  # JSON keeps the exact value, escaped as JSON

@@ -194,6 +194,8 @@ def test_stats_model_refuses_bad_values() -> None:
         make_stats(extra_field=1)
     with pytest.raises(ValueError):
         make_stats(rank=-1)
+    with pytest.raises(ValueError):
+        make_stats(engine="x" * 513)
 
 
 def test_limit_round_trip(tmp_path: Path) -> None:

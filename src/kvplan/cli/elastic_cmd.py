@@ -41,6 +41,8 @@ from kvplan.units import human_bytes
 STALE_SECONDS = 5.0
 """A snapshot older than this (of an engine not closed) is marked stale."""
 MAX_INTERVAL = 3600.0
+MAX_ENGINE_CHARS = 48
+"""Longest engine id shown in the table (longer ones are cut in the middle)."""
 
 _ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGT]?I?B?)?\s*", re.IGNORECASE)
 
@@ -170,7 +172,7 @@ def _table(stats: list[tuple[Path, ElasticStats]], directory: Path, now: float) 
         table.add_column(column, justify="left" if column in ("engine", "state") else "right")
     for _, s in stats:
         table.add_row(
-            cell(s.engine),
+            Text(printable(s.engine, MAX_ENGINE_CHARS)),
             cell(s.rank),
             cell(s.state),
             cell(human_bytes(s.mapped_bytes)),

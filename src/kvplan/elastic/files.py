@@ -56,12 +56,14 @@ class ElasticStats(_Document):
 
     kind: Literal["kvplan-elastic-stats"] = STATS_KIND
     version: Literal[1] = 1
-    engine: str = Field(description="the writer's engine id, e.g. '<hostname>:<pid>'")
+    engine: str = Field(
+        max_length=512, description="the writer's engine id, e.g. '<hostname>:<pid>'"
+    )
     rank: int = Field(ge=0)
     pid: int = Field(ge=0)
     time: float = Field(description="unix seconds of this snapshot")
     state: Literal["bound", "running", "closed"]
-    backend: str
+    backend: str = Field(max_length=64)
     chunk_bytes: int = Field(ge=0)
     num_blocks: int = Field(ge=0)
     reserved_bytes: int = Field(ge=0)
