@@ -55,7 +55,7 @@ def scratch_handle(fake: FakeDriver) -> int:
 def test_unknown_unbacked_mode_is_refused_before_any_driver_call() -> None:
     with pytest.raises(KVPlanError) as e:
         CudaVmmBackend(unbacked="zero-page")
-    assert e.value.code is Code.UNKNOWN_ENUM and "'scratch'" in str(e.value)
+    assert e.value.code is Code.BACKEND_UNAVAILABLE and "'scratch'" in str(e.value)
 
 
 def test_fault_mode_maps_nothing_at_reserve(fake: FakeDriver) -> None:

@@ -1,6 +1,5 @@
-"""Elastic serving: physical KV memory that follows the blocks vLLM actually uses.
+"""Elastic serving: physical KV memory that follows the blocks vLLM uses (no torch, no vLLM).
 
-Submodules are imported on use (none of them imports torch or vLLM at import time):
-:mod:`kvplan.elastic.files` holds the per-rank stats files and the limit file that
-``kvplan top`` and ``kvplan limit`` read and write.
+``files``: the per-rank stats files and the limit file that ``kvplan top`` and
+``kvplan limit`` read and write. See ``docs/elastic.md``.
 """

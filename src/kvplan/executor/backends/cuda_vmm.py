@@ -122,10 +122,10 @@ class CudaVmmBackend(TrackedBackend):
         if unbacked not in UNBACKED_MODES:
             raise KVPlanError(
                 error(
-                    Code.UNKNOWN_ENUM,
-                    "backend.cuda-vmm.unbacked",
-                    f"Unknown unbacked mode {unbacked!r} for the cuda-vmm backend.",
-                    "use 'fault' (unmapped address space faults) or 'scratch'",
+                    Code.BACKEND_UNAVAILABLE,
+                    "backend.unbacked",
+                    f"cuda-vmm unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
+                    "pass unbacked='fault' or unbacked='scratch'",
                 )
             )
         self.unbacked = unbacked
