@@ -53,7 +53,8 @@ def test_host_vmm_is_zero_copy_and_aligned(no_leaks: None) -> None:
         address = next(iter(backend._reservations))
         assert pool.data_ptr() == address and address % plans.ALIGN == 0
         assert perms_at(address) is not None and perms_at(address).startswith("rw")
-        assert len(memfd_lines(backend.memfd_name)) == -(-cache.reserved_bytes // (2 << 20))
+        assert cache.chunk_bytes == cache.reserved_bytes  # eager default: one chunk per pool
+        assert len(memfd_lines(backend.memfd_name)) == 1
         assert int(pool.abs().sum()) == 0
         view = cache.tensors[plans.layer_name(0)]
         assert view.data_ptr() == address
@@ -106,6 +107,47 @@ def test_chunk_size_sets_call_counts() -> None:
         del n
 
 
+def test_eager_default_chunk_is_large_and_capped_per_pool() -> None:
+    """Eager maps 128 MiB chunks by default: a 300 MiB pool is 3 chunks, not 150."""
+    from kvplan.executor import EAGER_CHUNK_BYTES
+    from kvplan.executor.backends.meta import MetaBackend
+
+    assert EAGER_CHUNK_BYTES == 128 << 20
+    plan = plans.llama_plan(layers=10, num_blocks=480)  # 300 MiB
+    backend = MetaBackend()
+    with apply(plan, backend=backend) as cache:
+        assert cache.reserved_bytes == 300 << 20 and cache.chunk_bytes == 128 << 20
+        assert backend.calls.counts["create"] == backend.calls.counts["map"] == 3
+        assert cache.mapped_bytes == 300 << 20
+    small = plans.llama_plan(layers=4, num_blocks=64)  # 16 MiB: one chunk of 16 MiB
+    backend = HostVmmBackend()
+    with apply(small, backend=backend) as cache:
+        assert cache.chunk_bytes == 16 << 20 and backend.calls.counts["map"] == 1
+        assert cache.mapped_bytes == 16 << 20
+
+
+def test_eager_default_caps_each_pool_by_its_reservation() -> None:
+    plan = plans.two_pool_plan()
+    backend = HostVmmBackend()
+    with apply(plan, backend=backend) as cache:
+        sizes = {p.name: -(-p.size_bytes // 4096) * 4096 for p in plan.pools}
+        assert backend.calls.counts["map"] == len(sizes)  # one chunk per pool
+        assert cache.chunk_bytes == max(sizes.values())
+        assert cache.mapped_bytes == sum(sizes.values()) == cache.reserved_bytes
+
+
+def test_elastic_default_chunk_is_the_granularity() -> None:
+    plan = plans.llama_plan(layers=4, num_blocks=64)
+    with apply(plan, backend=HostVmmBackend(), mode="elastic") as cache:
+        assert cache.chunk_bytes == 4096  # host-vmm granularity: the page size
+        assert cache.ensure_mapped([0]) == 4 * (64 << 10)  # exactly block 0 in each layer
+    with apply(plan, backend=HostVmmBackend(granularity=2 << 20), mode="elastic") as cache:
+        assert cache.chunk_bytes == 2 << 20  # CUDA's usual granularity
+        assert cache.ensure_mapped([0]) == 4 * (2 << 20)
+    with apply(plan, backend=HostVmmBackend(), mode="elastic", chunk_size=1 << 20) as cache:
+        assert cache.chunk_bytes == 1 << 20  # an explicit size wins in either mode
+
+
 def test_granularity_rounds_reservation() -> None:
     plan = plans.llama_plan(layers=3, num_blocks=5, kv_heads=1, head=4, dtype="float32")
     backend = HostVmmBackend(granularity=2 << 20)
@@ -151,7 +193,7 @@ def test_register_backend() -> None:
     try:
         assert backend_info("custom") is MetaBackend.info
         with apply(plans.llama_plan(), backend="custom") as cache:
-            assert cache.backend is made[0] and cache.chunk_bytes == 2 << 20
+            assert cache.backend is made[0] and cache.chunk_bytes == cache.reserved_bytes
     finally:
         BACKENDS.pop("custom")
     assert made[0].live().clean

@@ -13,8 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from kvplan.cli import apply_cmd
-from kvplan.cli.apply_cmd import parse_blocks, parse_size
+from kvplan.cli.apply_cmd import parse_blocks
 from kvplan.schemas.errors import KVPlanError
+from kvplan.units import parse_size
 from tests.executor import plans
 
 

@@ -91,7 +91,7 @@ def test_elastic_maps_only_requested_blocks(backend) -> None:  # type: ignore[no
 def test_rollback_leaves_no_memory(backend) -> None:  # type: ignore[no-untyped-def]
     plan = plans.llama_plan(layers=2, num_blocks=128)  # 8 chunks
     probe = FaultyBackend(backend)
-    cache = apply(plan, backend=probe)  # type: ignore[arg-type]
+    cache = apply(plan, backend=probe, chunk_size=2 * MiB)  # type: ignore[arg-type]
     total = probe.calls.total  # calls made by apply (close not counted)
     cache.close()
     torch.cuda.synchronize()
@@ -100,10 +100,55 @@ def test_rollback_leaves_no_memory(backend) -> None:  # type: ignore[no-untyped-
     for n in range(total):
         faulty = FaultyBackend(backend, fail_at=n)
         with pytest.raises(KVPlanError) as e:
-            apply(plan, backend=faulty)  # type: ignore[arg-type]
+            apply(plan, backend=faulty, chunk_size=2 * MiB)  # type: ignore[arg-type]
         assert e.value.code is Code.DRIVER_CALL_FAILED
         assert backend.live().clean
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free1, _ = backend.mem_info()
     assert abs(free1 - free0) <= 2 * MiB
+
+
+def test_scratch_makes_unbacked_blocks_harmless() -> None:
+    """``unbacked="scratch"``: stray reads/writes of unmapped blocks hit one scratch granule."""
+    from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
+
+    be = CudaVmmBackend(unbacked="scratch")
+    try:
+        plan = plans.llama_plan(layers=4, num_blocks=256)  # 4 x 16 MiB, 64 KiB per block
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free0, _ = be.mem_info()
+        with apply(plan, backend=be, mode="elastic") as cache:
+            gran = cache.chunk_bytes
+            assert gran == be.granularity()  # elastic default: the granularity
+            free1, _ = be.mem_info()
+            assert free0 - free1 < 16 * MiB  # one scratch granule, not the 64 MiB reserved
+            assert be.live().mappings == 0 and be.scratch_live()[1] == 64 * MiB // gran
+            last, first = cache.tensors[plans.layer_name(3)], cache.tensors[plans.layer_name(0)]
+            assert float(last[200].abs().sum()) == 0.0  # unbacked reads: zeros, no fault
+            last[200].fill_(3.0)  # an unbacked write: harmless
+            torch.cuda.synchronize()  # an illegal address would raise here
+            # Every unbacked granule is the same memory: layer 0's block 200 sees the write.
+            assert float(first[200].sum()) == 3.0 * first[200].numel()
+            cache.ensure_mapped([200])
+            assert float(last[200].abs().sum()) == 0.0  # a real, zeroed chunk now
+            last[200].fill_(5.0)
+            torch.cuda.synchronize()
+            assert float(last[200].sum()) == 5.0 * last[200].numel()
+            assert float(first[200].sum()) == 0.0  # layer 0's chunk was mapped and zeroed too
+            # Block 104 sits at the same offset of another, still unbacked granule (104 % 32 ==
+            # 200 % 32 with 32 blocks of 64 KiB per 2 MiB): it reads the stray write.
+            assert float(last[104].sum()) == 3.0 * last[104].numel()
+            cache.release_blocks([200])
+            torch.cuda.synchronize()
+            last[200].fill_(7.0)  # unbacked again: no fault
+            torch.cuda.synchronize()
+            assert be.live().mappings == 0
+        torch.cuda.synchronize()
+        assert be.live().clean and be.scratch_live() == (0, 0)
+        torch.cuda.empty_cache()
+        free2, _ = be.mem_info()
+        assert abs(free2 - free0) <= 2 * MiB
+    finally:
+        be.close()

@@ -33,7 +33,7 @@ def test_nothing_mapped_until_asked(no_leaks: None) -> None:
 def test_layer_outermost_maps_one_chunk_per_layer(no_leaks: None) -> None:
     plan = plans.llama_plan(layers=4, num_blocks=64)  # a 2 MiB chunk holds 32 blocks of a layer
     backend = HostVmmBackend()
-    with apply(plan, backend=backend, mode="elastic") as cache:
+    with apply(plan, backend=backend, mode="elastic", chunk_size=2 * MiB) as cache:
         assert cache.ensure_mapped([0]) == 4 * 2 * MiB
         assert cache.mapped_chunks == {"kv": 4} and cache.mapped_bytes == 8 * MiB
         assert len(memfd_lines(backend.memfd_name)) == 4
@@ -74,7 +74,7 @@ def test_kernel_split_maps_like_unsplit() -> None:
 
 def test_gemma_overlay_maps_shared_slots_once() -> None:
     plan = plans.gemma_plan(num_blocks=256)  # 3 slots x 4 MiB
-    with apply(plan, backend="host-vmm", mode="elastic") as cache:
+    with apply(plan, backend="host-vmm", mode="elastic", chunk_size=2 * MiB) as cache:
         cache.ensure_mapped([10])
         assert cache.mapped_chunks == {"kv": 3}  # one chunk per slot, shared by 5 groups
         for layer in (plans.layer_name(i) for i in (0, 4, 13, 14, 20, 34)):
@@ -93,7 +93,7 @@ def test_whole_pool_view_maps_everything() -> None:
 def test_refcounts_and_stable_addresses(no_leaks: None) -> None:
     plan = plans.llama_plan(layers=2, num_blocks=64)
     backend = HostVmmBackend()
-    with apply(plan, backend=backend, mode="elastic") as cache:
+    with apply(plan, backend=backend, mode="elastic", chunk_size=2 * MiB) as cache:
         t = cache.tensors[plans.layer_name(1)]
         ptr = t.data_ptr()
         cache.ensure_mapped([0, 1])

@@ -33,7 +33,7 @@ def reserved_addresses(backend: HostVmmBackend) -> list[int]:
     ("plan", "kw"),
     [
         (plans.two_pool_plan(num_blocks=16), {"chunk_size": 64 * 1024}),
-        (plans.gemma_plan(num_blocks=128), {}),
+        (plans.gemma_plan(num_blocks=128), {"chunk_size": 2 << 20}),
     ],
     ids=["two-pools", "gemma"],
 )
@@ -103,7 +103,7 @@ def test_error_names_call_pool_and_bytes() -> None:
     inner = HostVmmBackend()
     faulty = FaultyBackend(inner, fail_ops={"map"})
     with pytest.raises(KVPlanError) as e:
-        apply(plan, backend=faulty)  # type: ignore[arg-type]
+        apply(plan, backend=faulty, chunk_size=2 << 20)  # type: ignore[arg-type]
     diag = e.value.diagnostics[0]
     assert diag.code is Code.DRIVER_CALL_FAILED and diag.location == "pools.kv"
     assert "mmap(MAP_FIXED|MAP_SHARED) failed during apply" in diag.message
@@ -124,7 +124,8 @@ def test_rollback_errors_are_reported() -> None:
 def test_release_failure_keeps_chunk_mapped() -> None:
     inner = HostVmmBackend()
     faulty = FaultyBackend(inner)
-    with apply(plans.llama_plan(layers=1, num_blocks=64), backend=faulty, mode="elastic") as cache:  # type: ignore[arg-type]
+    plan = plans.llama_plan(layers=1, num_blocks=64)
+    with apply(plan, backend=faulty, mode="elastic", chunk_size=2 * MiB) as cache:  # type: ignore[arg-type]
         cache.ensure_mapped([0])
         faulty.fail_ops = {"unmap"}
         with pytest.raises(KVPlanError) as e:

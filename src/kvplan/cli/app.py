@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kvplan.cli import apply_cmd, doc_cmds, doctor_cmd, golden_cmd, inspect_cmd
+from kvplan.cli import apply_cmd, doc_cmds, doctor_cmd, elastic_cmd, golden_cmd, inspect_cmd
 from kvplan.cli._output import EXIT_ERROR, guarded, report
 from kvplan.schemas.errors import Code, error
 
@@ -17,7 +17,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd, doctor_cmd):
+for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd, doctor_cmd, elastic_cmd):
     module.register(app)
 
 

@@ -40,27 +40,6 @@ def check_backend(name: str) -> str:
     return name
 
 
-def parse_size(text: str) -> int:
-    """``--chunk-size`` in bytes (see :func:`kvplan.units.parse_size`), at most 1 PiB."""
-    try:
-        value = units.parse_size(text)
-    except ValueError as exc:
-        raise KVPlanError(
-            error(Code.SCHEMA, "--chunk-size", f"{exc}.", "write e.g. 2MiB, 64KiB or 4194304")
-        ) from None
-    if value > units.MAX_OPTION_BYTES:
-        raise KVPlanError(
-            error(
-                Code.OPTION_OUT_OF_RANGE,
-                "--chunk-size",
-                f"{human_bytes(value)} is larger than kvplan accepts "
-                f"({human_bytes(units.MAX_OPTION_BYTES)}).",
-                "write e.g. 2MiB or 32MiB",
-            )
-        )
-    return value
-
-
 def parse_block_ranges(text: str) -> list[range]:
     """``0-3,8`` → ``[range(0, 4), range(8, 9)]``: the ranges, never the expanded list."""
     out: list[range] = []
@@ -128,7 +107,7 @@ def _run(
     backend: str,
     device: str | None,
     mode: Mode,
-    chunk: int,
+    chunk: int | None,
     blocks: list[int],
 ) -> tuple[dict[str, Any], list[Diagnostic]]:
     from kvplan.executor import apply, verify
@@ -191,15 +170,24 @@ def apply_command(
     ] = ModeName.eager,
     device: Annotated[str | None, typer.Option(help="torch device, e.g. cpu or cuda:0")] = None,
     chunk_size: Annotated[
-        str, typer.Option("--chunk-size", help="physical chunk size, e.g. 2MiB, 32MiB")
-    ] = "2MiB",
+        str | None,
+        typer.Option(
+            "--chunk-size",
+            help="physical chunk size, e.g. 2MiB, 32MiB [default: eager 128MiB (at most the "
+            "pool), elastic the backend granularity]",
+        ),
+    ] = None,
     blocks: Annotated[
         str | None, typer.Option(help="elastic: block ids to map after apply, e.g. 0-15,32")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Apply PLAN with a backend, verify every tensor, print timings (ms) and memory."""
-    chunk = parse_size(chunk_size)
+    chunk = (
+        units.parse_size(chunk_size, "--chunk-size", limit=units.MAX_OPTION_BYTES)
+        if chunk_size is not None
+        else None
+    )
     if blocks:
         parse_block_ranges(blocks)  # syntax first, before the plan is read
     plan = load_document_as_plan(plan_path)

@@ -7,7 +7,7 @@ live in :mod:`kvplan.executor.backends`, whose registry also says what each can 
 imports neither torch nor cuda-python; they load when a backend is created.
 """
 
-from kvplan.executor._apply import DEFAULT_CHUNK_BYTES, apply
+from kvplan.executor._apply import EAGER_CHUNK_BYTES, apply
 from kvplan.executor._bound import BoundKVCache
 from kvplan.executor._verify import verify
 from kvplan.executor.backends import (
@@ -24,7 +24,7 @@ from kvplan.executor.backends import (
 
 __all__ = [
     "BACKENDS",
-    "DEFAULT_CHUNK_BYTES",
+    "EAGER_CHUNK_BYTES",
     "Backend",
     "BackendCallError",
     "BackendInfo",

@@ -10,6 +10,16 @@ tensors over the reserved address.
 ``cuda.bindings.driver`` is imported here only, lazily, so ``import kvplan.executor`` never
 needs cuda-python. Anything missing (cuda-python, a GPU, a driver, VMM support) raises
 :class:`~kvplan.schemas.errors.KVPlanError` ``KVP401`` with one readable paragraph.
+
+Unbacked address space (``unbacked=``): ``"fault"`` leaves it unmapped, so a kernel that
+touches it faults (``CUDA_ERROR_ILLEGAL_ADDRESS``). ``"scratch"`` maps ONE physical scratch
+granule (created on first use, zeroed once) read/write over every granule of a reservation
+that holds no chunk: at ``reserve``, and again over a chunk's range after its ``unmap``;
+``map`` first unmaps the scratch granules it covers, ``free`` unmaps all of them. Stray reads
+of unbacked blocks then return whatever the scratch granule holds (zeros until a stray write
+lands there) and stray writes are harmless, never a fault (kvcached's zero-page safety net).
+Scratch mappings and the scratch handle are not counted by ``live()`` (they are listed by
+``scratch_live()``); the handle is released when the last reservation is freed.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+UNBACKED_MODES = ("fault", "scratch")
+"""What unbacked address space does: fault on access, or read/write one scratch granule."""
 
 _ADVICE = (
     "cuda-vmm needs an NVIDIA GPU with a working CUDA driver, a CUDA build of torch and "
@@ -142,7 +155,27 @@ class CudaVmmBackend(TrackedBackend):
             return "no CUDA driver library (libcuda.so.1) can be loaded"
         return None
 
-    def __init__(self, *, device: str | None = None, wrap_route: str = "auto") -> None:
+    def __init__(
+        self, *, device: str | None = None, wrap_route: str = "auto", unbacked: str = "fault"
+    ) -> None:
+        if unbacked not in UNBACKED_MODES:
+            raise KVPlanError(
+                error(
+                    Code.BACKEND_UNAVAILABLE,
+                    "backend.unbacked",
+                    f"cuda-vmm unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
+                    "pass unbacked='fault' or unbacked='scratch'",
+                )
+            )
+        self.unbacked = unbacked
+        self._scratch: Any = None
+        """The scratch granule's handle (``unbacked="scratch"``), created on first use."""
+        self._scratch_zeroed = False
+        self._scratch_at: set[int] = set()
+        """Granule addresses the scratch granule is mapped at."""
+        self._unfilled: dict[int, int] = {}
+        """Ranges unmapped whose scratch refill failed (address → size); ``unmap`` retries."""
+        self._gran = 0
         drv = load_driver()
         index = touch_torch_device(device)
         super().__init__()
@@ -212,14 +245,29 @@ class CudaVmmBackend(TrackedBackend):
 
     # -- protocol -------------------------------------------------------------------------
     def granularity(self) -> int:
+        return self._granule()
+
+    def _granule(self) -> int:
+        """The minimum granularity (queried once; not a counted call)."""
+        if self._gran:
+            return self._gran
         flag = self._drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         res = self._drv.cuMemGetAllocationGranularity(self._prop, flag)
-        return int(self._check("cuMemGetAllocationGranularity", res, "minimum"))
+        self._gran = int(self._check("cuMemGetAllocationGranularity", res, "minimum"))
+        return self._gran
 
     def reserve(self, size: int, alignment: int) -> int:
         self._ensure_ctx()
         res = self._drv.cuMemAddressReserve(size, alignment, 0, 0)
         ptr = int(self._check("cuMemAddressReserve", res, f"{size} bytes"))
+        if self.unbacked == "scratch":
+            try:
+                self._fill(ptr, size)
+            except BaseException:
+                self._drv.cuMemAddressFree(ptr, size)
+                if not self._reservations:
+                    self._release_scratch()
+                raise
         self._reservations[ptr] = size
         return ptr
 
@@ -231,10 +279,16 @@ class CudaVmmBackend(TrackedBackend):
         return handle
 
     def map(self, address: int, size: int, handle: Any) -> None:
+        if self.unbacked == "scratch":
+            self._clear(address, size)
         (err,) = self._drv.cuMemMap(address, size, 0, handle, 0)
         if err != self._ok:
+            if self.unbacked == "scratch":
+                self._refill_quietly(address, size)
             raise BackendCallError("cuMemMap", f"{size} bytes: {self._err_text(err)}")
         self._mappings[address] = size
+        for start in [a for a in self._unfilled if address <= a < address + size]:
+            del self._unfilled[start]
 
     def set_access(self, address: int, size: int) -> None:
         res = self._drv.cuMemSetAccess(address, size, self._access, 1)
@@ -259,8 +313,19 @@ class CudaVmmBackend(TrackedBackend):
         return tensor
 
     def unmap(self, address: int, size: int) -> None:
+        unfilled = address not in self._mappings and self._unfilled.get(address) == size
+        if self.unbacked == "scratch" and unfilled:  # an earlier scratch refill failed: retry
+            self._fill(address, size, "unmapped before")
+            del self._unfilled[address]
+            return
         self._check("cuMemUnmap", self._drv.cuMemUnmap(address, size), f"{size} bytes")
         self._mappings.pop(address, None)
+        if self.unbacked == "scratch":
+            try:
+                self._fill(address, size, "unmapped")
+            except BackendCallError:
+                self._unfilled[address] = size
+                raise
 
     def release(self, handle: Any) -> None:
         (err,) = self._drv.cuMemRelease(handle)
@@ -269,8 +334,94 @@ class CudaVmmBackend(TrackedBackend):
         self._handles.pop(int(handle), None)
 
     def free(self, address: int, size: int) -> None:
+        if self.unbacked == "scratch":
+            self._clear(address, size)
+            for start in [a for a in self._unfilled if address <= a < address + size]:
+                del self._unfilled[start]
         self._check("cuMemAddressFree", self._drv.cuMemAddressFree(address, size), f"{size}")
         self._reservations.pop(address, None)
+        if not self._reservations:
+            self._release_scratch()
+
+    # -- scratch (unbacked="scratch") -----------------------------------------------------
+    def scratch_live(self) -> tuple[int, int]:
+        """``(scratch handles held: 0 or 1, granules the scratch granule is mapped at)``."""
+        return int(self._scratch is not None), len(self._scratch_at)
+
+    def _scratch_handle(self) -> Any:
+        """The one scratch granule (created, mapped once to zero it, on first use)."""
+        if self._scratch is not None:
+            return self._scratch
+        gran = self._granule()
+        err, handle = self._drv.cuMemCreate(gran, self._prop, 0)
+        if err != self._ok:
+            raise BackendCallError("cuMemCreate", f"scratch granule: {self._err_text(err)}")
+        self._scratch = handle
+        return handle
+
+    def _fill(self, address: int, size: int, what: str = "reserved") -> None:
+        """Map the scratch granule over every granule of ``[address, +size)``, read/write.
+
+        All or nothing: on a failure the granules mapped here are unmapped again and
+        ``BackendCallError`` names the call.
+        """
+        self._ensure_ctx()
+        handle = self._scratch_handle()
+        gran = self._granule()
+        done: list[int] = []
+        try:
+            for at in range(address, address + size, gran):
+                (err,) = self._drv.cuMemMap(at, gran, 0, handle, 0)
+                if err != self._ok:
+                    raise BackendCallError(
+                        "cuMemMap",
+                        f"scratch granule over {what} [{at:#x}, +{gran}): {self._err_text(err)}",
+                    )
+                done.append(at)
+            res = self._drv.cuMemSetAccess(address, size, self._access, 1)
+            self._check("cuMemSetAccess", res, f"scratch over {size} bytes")
+            if not self._scratch_zeroed:  # zero the granule once, through its first mapping
+                self._check("cuMemsetD8", self._drv.cuMemsetD8(address, 0, gran), "scratch")
+                self._check("cuCtxSynchronize", self._drv.cuCtxSynchronize(), "scratch zeroed")
+                self._scratch_zeroed = True
+        except BaseException:
+            for at in done:
+                self._drv.cuMemUnmap(at, gran)
+            raise
+        self._scratch_at.update(done)
+
+    def _clear(self, address: int, size: int) -> None:
+        """Unmap the scratch granule wherever it is mapped in ``[address, +size)``."""
+        gran = self._granule()
+        cleared: list[int] = []
+        for at in range(address, address + size, gran):
+            if at not in self._scratch_at:
+                continue
+            (err,) = self._drv.cuMemUnmap(at, gran)
+            if err != self._ok:
+                for done in cleared:
+                    self._refill_quietly(done, gran)
+                raise BackendCallError(
+                    "cuMemUnmap", f"scratch granule at {at:#x}: {self._err_text(err)}"
+                )
+            self._scratch_at.discard(at)
+            cleared.append(at)
+
+    def _refill_quietly(self, address: int, size: int) -> None:
+        """Undo a :meth:`_clear` after a later step failed (best effort: the error in flight
+        is the one reported; a range left without scratch is remembered for ``unmap``)."""
+        try:
+            self._fill(address, size, "restored")
+        except Exception:
+            self._unfilled[address] = size
+
+    def _release_scratch(self) -> None:
+        if self._scratch is None or self._scratch_at:
+            return
+        (err,) = self._drv.cuMemRelease(self._scratch)
+        if err == self._ok:
+            self._scratch = None
+            self._scratch_zeroed = False
 
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes (``cuMemGetInfo``)."""
@@ -279,6 +430,7 @@ class CudaVmmBackend(TrackedBackend):
         return int(free), int(total)
 
     def close(self) -> None:
+        self._release_scratch()
         if self._retained:
             self._retained = False
             self._drv.cuDevicePrimaryCtxRelease(self._cudev)

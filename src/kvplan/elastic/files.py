@@ -1,0 +1,295 @@
+"""The files elastic engines share with ``kvplan top`` and ``kvplan limit``.
+
+* ``<dir>/rank<N>.stats.json``: one :class:`ElasticStats` snapshot per worker rank, replaced
+  atomically (readers see the previous snapshot or the new one, never a torn file).
+* ``<dir>/limit.json``: a :class:`LimitRequest`, the physical budget the engines watching
+  ``<dir>`` should follow from now on.
+
+Both are small JSON documents read with the project's bounded reader: a file that cannot be
+read or is not a valid document becomes a :class:`~kvplan.schemas.errors.Diagnostic`
+(``KVP416`` for stats, ``KVP417`` for a limit), never an exception. No torch, no vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
+from kvplan.schemas.loading import (
+    decode_text,
+    diagnostics_from_validation,
+    parse_text,
+    read_bytes,
+    write_text_atomic,
+)
+
+STATS_KIND: Final = "kvplan-elastic-stats"
+LIMIT_KIND: Final = "kvplan-elastic-limit"
+LIMIT_FILE = "limit.json"
+STATS_SUFFIX = ".stats.json"
+
+MAX_FILE_BYTES = 64 << 10
+"""Largest stats or limit file read (64 KiB; a real one is under 1 KiB)."""
+MAX_STATS_FILES = 1024
+"""Most stats files :func:`read_stats_tree` reads (the rest are reported in one diagnostic)."""
+MAX_TREE_ENTRIES = 100_000
+"""Most directory entries :func:`read_stats_tree` looks at, all directories together."""
+MAX_TREE_DEPTH = 2
+"""Subdirectory levels below the given directory that :func:`read_stats_tree` searches."""
+
+_STATS_NAME = re.compile(r"rank(\d{1,9})\.stats\.json")
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class ElasticStats(_Document):
+    """One worker's elastic-memory figures at one moment (bytes, counts, seconds)."""
+
+    kind: Literal["kvplan-elastic-stats"] = STATS_KIND
+    version: Literal[1] = 1
+    engine: str = Field(
+        max_length=512, description="the writer's engine id, e.g. '<hostname>:<pid>'"
+    )
+    rank: int = Field(ge=0)
+    pid: int = Field(ge=0)
+    time: float = Field(description="unix seconds of this snapshot")
+    state: Literal["bound", "running", "closed"]
+    backend: str = Field(max_length=64)
+    chunk_bytes: int = Field(ge=0)
+    num_blocks: int = Field(ge=0)
+    reserved_bytes: int = Field(ge=0)
+    mapped_bytes: int = Field(ge=0)
+    peak_mapped_bytes: int = Field(ge=0)
+    limit_bytes: int = Field(ge=0)
+    cache_limit_bytes: int = Field(ge=0)
+    reserve_bytes: int = Field(ge=0, description="pre-backed chunks kept off the critical path")
+    live_blocks: int = Field(ge=0)
+    cached_blocks: int = Field(ge=0, description="freed blocks whose KV stays for prefix hits")
+    maps: int = Field(ge=0)
+    unmaps: int = Field(ge=0)
+    map_seconds: float = Field(ge=0)
+    unmap_seconds: float = Field(ge=0)
+    failed_maps: int = Field(ge=0)
+    steps: int = Field(ge=0)
+
+
+class LimitRequest(_Document):
+    """A physical budget for the engines watching a directory (``kvplan limit``)."""
+
+    kind: Literal["kvplan-elastic-limit"] = LIMIT_KIND
+    version: Literal[1] = 1
+    limit_bytes: int = Field(ge=0)
+    cache_limit_bytes: int | None = Field(default=None, ge=0)
+    written_at: float = Field(description="unix seconds when the request was written")
+
+
+def _to_text(model: BaseModel) -> str:
+    return model.model_dump_json(indent=2) + "\n"
+
+
+# -- stats --------------------------------------------------------------------------------
+
+
+def stats_path(directory: Path, rank: int) -> Path:
+    """``<directory>/rank<rank>.stats.json``."""
+    return Path(directory) / f"rank{int(rank)}{STATS_SUFFIX}"
+
+
+def write_stats(directory: Path, stats: ElasticStats) -> Path:
+    """Replace this rank's stats file atomically; its path. ``KVP016`` if it cannot be written."""
+    path = stats_path(directory, stats.rank)
+    write_text_atomic(path, _to_text(stats))
+    return path
+
+
+def read_stats(path: Path) -> ElasticStats | Diagnostic:
+    """One stats file, or a ``KVP416`` diagnostic saying why it cannot be used."""
+    return _read(path, ElasticStats, STATS_KIND, Code.STATS_UNREADABLE, "stats file")
+
+
+def read_stats_tree(directory: Path) -> list[tuple[Path, ElasticStats | Diagnostic]]:
+    """Every ``rank<N>.stats.json`` in ``directory`` and two subdirectory levels below it.
+
+    Sorted by path. A file that cannot be read or is invalid yields a ``KVP416`` diagnostic;
+    a directory that cannot be listed, ``KVP419``. At most :data:`MAX_STATS_FILES` files are
+    read and :data:`MAX_TREE_ENTRIES` entries looked at; past either bound one diagnostic
+    (located at ``directory``) says what was left out. Never raises for what it finds.
+    """
+    root = Path(directory)
+    found: list[Path] = []
+    problems: list[tuple[Path, Diagnostic]] = []
+    budget = [MAX_TREE_ENTRIES]
+    _walk(root, 0, found, problems, budget)
+    found.sort()
+    out: list[tuple[Path, ElasticStats | Diagnostic]] = [
+        (p, read_stats(p)) for p in found[:MAX_STATS_FILES]
+    ]
+    out.extend(problems)
+    if len(found) > MAX_STATS_FILES or budget[0] < 0:
+        what = (
+            f"more than {MAX_STATS_FILES} stats files"
+            if len(found) > MAX_STATS_FILES
+            else f"more than {MAX_TREE_ENTRIES} directory entries"
+        )
+        out.append(
+            (
+                root,
+                error(
+                    Code.STATS_UNREADABLE,
+                    str(root),
+                    f"the directory holds {what}; only the first are shown.",
+                    "point kvplan top at one engine's dump directory",
+                ),
+            )
+        )
+    out.sort(key=lambda item: str(item[0]))
+    return out
+
+
+def _walk(
+    folder: Path,
+    depth: int,
+    found: list[Path],
+    problems: list[tuple[Path, Diagnostic]],
+    budget: list[int],
+) -> None:
+    try:
+        with os.scandir(folder) as entries:
+            subdirs: list[Path] = []
+            for entry in entries:
+                budget[0] -= 1
+                if budget[0] < 0:
+                    return
+                if _STATS_NAME.fullmatch(entry.name):
+                    found.append(Path(entry.path))
+                elif depth < MAX_TREE_DEPTH and _is_dir(entry):
+                    subdirs.append(Path(entry.path))
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        problems.append(
+            (
+                folder,
+                error(
+                    Code.DIRECTORY_MISSING,
+                    str(folder),
+                    f"cannot list the directory: {reason}.",
+                    "check the path and its permissions",
+                ),
+            )
+        )
+        return
+    for sub in sorted(subdirs):
+        _walk(sub, depth + 1, found, problems, budget)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+# -- limit --------------------------------------------------------------------------------
+
+
+def limit_path(directory: Path) -> Path:
+    return Path(directory) / LIMIT_FILE
+
+
+def write_limit(directory: Path, limit_bytes: int, cache_limit_bytes: int | None = None) -> Path:
+    """Write ``<directory>/limit.json`` atomically; its path.
+
+    ``KVP418`` for a negative size; ``KVP016`` if the file cannot be written (the previous
+    request, if any, stays intact).
+    """
+    try:
+        request = LimitRequest(
+            limit_bytes=limit_bytes, cache_limit_bytes=cache_limit_bytes, written_at=time.time()
+        )
+    except ValidationError as exc:
+        raise KVPlanError(
+            error(
+                Code.BAD_LIMIT,
+                "limit",
+                f"the limit is not a byte count >= 0 (limit {show_value(limit_bytes)}, "
+                f"cache limit {show_value(cache_limit_bytes)}; {exc.error_count()} error(s)).",
+                "pass sizes such as 24GiB",
+            )
+        ) from None
+    path = limit_path(directory)
+    write_text_atomic(path, _to_text(request))
+    return path
+
+
+def read_limit(directory: Path) -> LimitRequest | Diagnostic | None:
+    """The limit request of ``directory``; ``None`` when there is no ``limit.json``.
+
+    A file that cannot be read or is not a valid request yields a ``KVP417`` diagnostic.
+    """
+    path = limit_path(directory)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass  # reported by the read below, with its reason
+    return _read(path, LimitRequest, LIMIT_KIND, Code.LIMIT_UNREADABLE, "limit file")
+
+
+# -- reading ------------------------------------------------------------------------------
+
+_M = TypeVar("_M", bound=_Document)
+
+
+def _read(path: Path, model: type[_M], kind: str, code: Code, what: str) -> _M | Diagnostic:
+    name = str(path)
+
+    def problem(message: str, hint: str) -> Diagnostic:
+        return error(code, name, f"the {what} {message}", hint)
+
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return problem("is not a regular file.", f"remove it; kvplan writes a {what} there")
+        if info.st_size > MAX_FILE_BYTES:
+            return problem(
+                f"is larger than {MAX_FILE_BYTES >> 10} KiB.",
+                f"this is not a kvplan {what}; remove it",
+            )
+        data: Any = parse_text(decode_text(read_bytes(path), name), name)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return problem(f"cannot be read: {reason}.", "check the file's permissions")
+    except KVPlanError as exc:
+        first = exc.diagnostics[0]
+        return problem(
+            f"cannot be used: {first.code.value} {first.message.rstrip('.')}.",
+            first.hint or "rewrite it",
+        )
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        got = show_value(data.get("kind")) if isinstance(data, dict) else show_value(data)
+        return problem(
+            f"is not a {kind} document (kind {got}).", f"remove it; kvplan writes {what}s"
+        )
+    if data.get("version") != 1:
+        return problem(
+            f"has version {show_value(data.get('version'))}; this kvplan reads version 1.",
+            "use the kvplan release that the engines run",
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        diags = diagnostics_from_validation(exc, name, data)
+        first = diags[0]
+        more = f" (and {len(diags) - 1} more)" if len(diags) > 1 else ""
+        field = first.location.removeprefix(name).lstrip(":. ") or "?"
+        return problem(f"has a bad field {field}: {first.message}{more}.", "rewrite or remove it")

@@ -1,0 +1,249 @@
+"""Stats and limit files: atomic writes, bounded reads, diagnostics instead of exceptions."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvplan.elastic import files
+from kvplan.elastic.files import (
+    LIMIT_FILE,
+    STATS_KIND,
+    ElasticStats,
+    LimitRequest,
+    read_limit,
+    read_stats_tree,
+    stats_path,
+    write_limit,
+    write_stats,
+)
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError
+
+
+def make_stats(**changes: Any) -> ElasticStats:
+    values: dict[str, Any] = {
+        "engine": "host:123",
+        "rank": 0,
+        "pid": 123,
+        "time": 1_700_000_000.5,
+        "state": "running",
+        "backend": "host-vmm",
+        "chunk_bytes": 2 << 20,
+        "num_blocks": 1000,
+        "reserved_bytes": 1 << 30,
+        "mapped_bytes": 6 << 20,
+        "peak_mapped_bytes": 8 << 20,
+        "limit_bytes": 512 << 20,
+        "cache_limit_bytes": 51 << 20,
+        "reserve_bytes": 4 << 20,
+        "live_blocks": 12,
+        "cached_blocks": 3,
+        "maps": 4,
+        "unmaps": 1,
+        "map_seconds": 0.0125,
+        "unmap_seconds": 0.001,
+        "failed_maps": 0,
+        "steps": 40,
+    }
+    values.update(changes)
+    return ElasticStats(**values)
+
+
+def test_stats_round_trip(tmp_path: Path) -> None:
+    stats = make_stats(rank=3)
+    path = write_stats(tmp_path, stats)
+    assert path == stats_path(tmp_path, 3) == tmp_path / "rank3.stats.json"
+    data = json.loads(path.read_text())
+    assert data["kind"] == STATS_KIND and data["version"] == 1 and data["mapped_bytes"] == 6 << 20
+    assert read_stats_tree(tmp_path) == [(path, stats)]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # no temp file left
+
+
+def test_stats_rewrite_is_atomic_replace(tmp_path: Path) -> None:
+    path = write_stats(tmp_path, make_stats(mapped_bytes=1))
+    inode = path.stat().st_ino
+    write_stats(tmp_path, make_stats(mapped_bytes=2))
+    assert path.stat().st_ino != inode  # a new file renamed over the old one
+    ((_, got),) = read_stats_tree(tmp_path)
+    assert isinstance(got, ElasticStats) and got.mapped_bytes == 2
+
+
+def test_tree_finds_ranks_two_levels_down_sorted(tmp_path: Path) -> None:
+    for sub, rank in (("b", 1), ("a", 0), ("a", 10), ("a/x", 2)):
+        (tmp_path / sub).mkdir(parents=True, exist_ok=True)
+        write_stats(tmp_path / sub, make_stats(rank=rank, engine=sub))
+    write_stats(tmp_path, make_stats(rank=7))
+    deep = tmp_path / "a" / "x" / "y"
+    deep.mkdir()
+    write_stats(deep, make_stats(rank=9))  # three levels down: not searched
+    (tmp_path / "notes.json").write_text("{}")
+    (tmp_path / "rank1.stats.json.bak").write_text("{}")
+    got = read_stats_tree(tmp_path)
+    paths = [p.relative_to(tmp_path).as_posix() for p, _ in got]
+    assert paths == [
+        "a/rank0.stats.json",
+        "a/rank10.stats.json",
+        "a/x/rank2.stats.json",
+        "b/rank1.stats.json",
+        "rank7.stats.json",
+    ]
+    assert all(isinstance(s, ElasticStats) for _, s in got)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{", "KVP001"),
+        ("", "empty"),
+        (b"\xff\xfe{}", "UTF-16"),
+        (json.dumps({"kind": "something-else", "version": 1}), "not a kvplan-elastic-stats"),
+        (json.dumps([1, 2]), "not a kvplan-elastic-stats"),
+        (json.dumps({"kind": STATS_KIND, "version": 2}), "version 2"),
+        ("rank", "KVP0"),
+    ],
+)
+def test_bad_stats_file_is_a_diagnostic(tmp_path: Path, content: str | bytes, needle: str) -> None:
+    good = write_stats(tmp_path, make_stats(rank=0))
+    bad = tmp_path / "rank1.stats.json"
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    got = dict(read_stats_tree(tmp_path))
+    assert isinstance(got[good], ElasticStats)
+    diag = got[bad]
+    assert isinstance(diag, Diagnostic) and diag.code is Code.STATS_UNREADABLE
+    assert needle in diag.render() and str(bad) in diag.location
+    assert "\n" not in diag.render() and len(diag.render()) < 800
+
+
+def test_invalid_field_names_the_field(tmp_path: Path) -> None:
+    data = make_stats().model_dump(mode="json")
+    data["mapped_bytes"] = -5
+    data["surprise"] = True
+    (tmp_path / "rank0.stats.json").write_text(json.dumps(data))
+    ((_, diag),) = read_stats_tree(tmp_path)
+    assert isinstance(diag, Diagnostic) and diag.code is Code.STATS_UNREADABLE
+    assert "mapped_bytes" in diag.message and "1 more" in diag.message
+
+
+def test_huge_and_odd_files_are_not_read(tmp_path: Path) -> None:
+    big = tmp_path / "rank0.stats.json"
+    big.write_bytes(b" " * (files.MAX_FILE_BYTES + 1))
+    (tmp_path / "rank1.stats.json").mkdir()  # a directory with a stats name
+    got = dict(read_stats_tree(tmp_path))
+    assert isinstance(got[big], Diagnostic) and "larger than 64 KiB" in got[big].message
+    odd = got[tmp_path / "rank1.stats.json"]
+    assert isinstance(odd, Diagnostic) and "not a regular file" in odd.message
+
+
+def test_unreadable_file_and_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Permission errors (simulated: the suite may run as root, who reads anything)."""
+    import builtins
+
+    path = write_stats(tmp_path, make_stats())
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_open, real_scandir = builtins.open, os.scandir
+
+    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    def fake_scandir(folder: Any) -> Any:
+        if str(folder) == str(locked):
+            raise PermissionError(13, "Permission denied", str(folder))
+        return real_scandir(folder)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(files.os, "scandir", fake_scandir)
+    got = dict(read_stats_tree(tmp_path))
+    assert isinstance(got[path], Diagnostic) and got[path].code is Code.STATS_UNREADABLE
+    assert "Permission denied" in got[path].message
+    assert isinstance(got[locked], Diagnostic) and got[locked].code is Code.DIRECTORY_MISSING
+    assert "Permission denied" in got[locked].message
+
+
+def test_tree_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(files, "MAX_STATS_FILES", 3)
+    for rank in range(5):
+        write_stats(tmp_path, make_stats(rank=rank))
+    got = read_stats_tree(tmp_path)
+    assert sum(isinstance(s, ElasticStats) for _, s in got) == 3
+    (diag,) = [s for _, s in got if isinstance(s, Diagnostic)]
+    assert "more than 3 stats files" in diag.message
+    monkeypatch.setattr(files, "MAX_TREE_ENTRIES", 2)
+    got = read_stats_tree(tmp_path)
+    assert any(isinstance(s, Diagnostic) and "directory entries" in s.message for _, s in got)
+
+
+def test_missing_directory_is_a_diagnostic(tmp_path: Path) -> None:
+    ((path, diag),) = read_stats_tree(tmp_path / "nope")
+    assert path == tmp_path / "nope"
+    assert isinstance(diag, Diagnostic) and diag.code is Code.DIRECTORY_MISSING
+
+
+def test_stats_model_refuses_bad_values() -> None:
+    with pytest.raises(ValueError):
+        make_stats(state="sleeping")
+    with pytest.raises(ValueError):
+        make_stats(map_seconds=float("nan"))
+    with pytest.raises(ValueError):
+        make_stats(extra_field=1)
+    with pytest.raises(ValueError):
+        make_stats(rank=-1)
+    with pytest.raises(ValueError):
+        make_stats(engine="x" * 513)
+
+
+def test_limit_round_trip(tmp_path: Path) -> None:
+    assert read_limit(tmp_path) is None
+    assert read_limit(tmp_path / "missing-dir") is None
+    path = write_limit(tmp_path, 24 << 30)
+    assert path == tmp_path / LIMIT_FILE
+    got = read_limit(tmp_path)
+    assert isinstance(got, LimitRequest)
+    assert got.limit_bytes == 24 << 30 and got.cache_limit_bytes is None and got.written_at > 0
+    write_limit(tmp_path, 8 << 30, 0)
+    got = read_limit(tmp_path)
+    assert isinstance(got, LimitRequest) and (got.limit_bytes, got.cache_limit_bytes) == (
+        8 << 30,
+        0,
+    )
+
+
+def test_limit_refuses_negative(tmp_path: Path) -> None:
+    with pytest.raises(KVPlanError) as e:
+        write_limit(tmp_path, -1)
+    assert e.value.code is Code.BAD_LIMIT
+    with pytest.raises(KVPlanError) as e:
+        write_limit(tmp_path, 1, -1)
+    assert e.value.code is Code.BAD_LIMIT
+    assert read_limit(tmp_path) is None  # nothing written
+
+
+def test_failed_limit_write_keeps_previous(tmp_path: Path) -> None:
+    write_limit(tmp_path, 1 << 30)
+    with pytest.raises(KVPlanError) as e:
+        write_limit(tmp_path / "gone", 2 << 30)
+    assert e.value.code is Code.OUTPUT_FAILED
+    got = read_limit(tmp_path)
+    assert isinstance(got, LimitRequest) and got.limit_bytes == 1 << 30
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{",
+        json.dumps({"kind": "kvplan-elastic-limit", "version": 1, "limit_bytes": -1}),
+        json.dumps({"kind": "kvplan-elastic-stats", "version": 1}),
+        json.dumps({"kind": "kvplan-elastic-limit", "version": 1, "limit_bytes": 1.5e99}),
+    ],
+)
+def test_bad_limit_file_is_a_diagnostic(tmp_path: Path, content: str) -> None:
+    (tmp_path / LIMIT_FILE).write_text(content)
+    got = read_limit(tmp_path)
+    assert isinstance(got, Diagnostic) and got.code is Code.LIMIT_UNREADABLE
+    assert str(tmp_path / LIMIT_FILE) in got.location
