@@ -157,10 +157,11 @@ def test_worker_maps_then_unmaps_what_the_scheduler_says() -> None:
     with worker.cache:
         worker.apply(_ops(worker, map=(1, 2, 3), live_blocks=3))
         assert worker.cache.mapped_blocks == {0, 1, 2, 3}
-        assert worker.maps == 12 and worker.live_blocks == 3  # 3 blocks x 4 layers, 4 KiB
+        assert worker.count["maps"] == 12  # 3 blocks x 4 layers, 4 KiB
+        assert worker.scheduler["live_blocks"] == 3
         worker.apply(_ops(worker, seq=2, unmap=(2, 3), map=(5,)))
         assert worker.cache.mapped_blocks == {0, 1, 5}
-        assert worker.unmaps == 8 and worker.peak_mapped_bytes == 4 * 4 * PAGE
+        assert worker.count["unmaps"] == 8 and worker.peak_mapped_bytes == 4 * 4 * PAGE
 
 
 def test_worker_refuses_another_geometry() -> None:
@@ -181,7 +182,7 @@ def test_a_failed_map_rolls_the_step_back_and_refuses_it() -> None:
         worker.apply(_ops(worker, map=(1, 2)))
     assert refused.value.code is Code.ELASTIC_MAP_FAILED
     assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
-    assert worker.cache.mapped_blocks == {0} and worker.failed_maps == 1
+    assert worker.cache.mapped_blocks == {0} and worker.count["failed_maps"] == 1
     worker.cache.close()
 
 

@@ -54,17 +54,6 @@ def register_backend(name: str, backend: str | BackendClass) -> None:
     BACKENDS[name] = backend
 
 
-def _unknown(name: str) -> KVPlanError:
-    return KVPlanError(
-        error(
-            Code.BACKEND_UNAVAILABLE,
-            "backend",
-            f"Unknown backend {name!r}; known: {', '.join(BACKENDS)}.",
-            "pick one of the known backends",
-        )
-    )
-
-
 def _check_class(name: str, backend: object) -> BackendClass:
     info = getattr(backend, "info", None)
     if not isinstance(info, BackendInfo) or not callable(getattr(backend, "available", None)):
@@ -79,7 +68,10 @@ def backend_class(name: str) -> BackendClass:
     """The class registered as ``name`` (imported on first use); unknown names: ``KVP401``."""
     entry = BACKENDS.get(name)
     if entry is None:
-        raise _unknown(name)
+        known = ", ".join(BACKENDS)
+        raise KVPlanError(
+            error(Code.BACKEND_UNAVAILABLE, "backend", f"Unknown backend {name!r}; known: {known}.")
+        )
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")
         return _check_class(name, getattr(importlib.import_module(module), attr))

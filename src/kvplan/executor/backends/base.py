@@ -183,6 +183,26 @@ class Backend(Protocol):
         ...
 
 
+UNBACKED_MODES = ("fault", "scratch")
+"""What an elastic VMM backend's unmapped address space does when touched: ``fault``, or
+read and write a harmless ``scratch`` page (stray kernel reads of unbacked blocks)."""
+
+
+def check_unbacked(backend: str, unbacked: str) -> None:
+    """Refuse an ``unbacked`` option that is not one of :data:`UNBACKED_MODES` (``KVP401``)."""
+    if unbacked not in UNBACKED_MODES:
+        from kvplan.schemas.errors import Code, KVPlanError, error
+
+        raise KVPlanError(
+            error(
+                Code.BACKEND_UNAVAILABLE,
+                "backend.unbacked",
+                f"{backend} unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
+                "pass unbacked='fault' or unbacked='scratch'",
+            )
+        )
+
+
 def round_up(value: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is ``>= value``."""
     return -(-value // multiple) * multiple

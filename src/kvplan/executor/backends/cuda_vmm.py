@@ -29,14 +29,17 @@ import importlib.util
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import BackendCallError, BackendInfo, TrackedBackend
+from kvplan.executor.backends.base import (
+    BackendCallError,
+    BackendInfo,
+    TrackedBackend,
+    check_unbacked,
+)
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-UNBACKED_MODES = ("fault", "scratch")
-"""What unbacked address space does: fault on access, or read/write one scratch granule."""
 
 _ADVICE = (
     "cuda-vmm needs an NVIDIA GPU with a working CUDA driver, a CUDA build of torch and "
@@ -158,15 +161,7 @@ class CudaVmmBackend(TrackedBackend):
     def __init__(
         self, *, device: str | None = None, wrap_route: str = "auto", unbacked: str = "fault"
     ) -> None:
-        if unbacked not in UNBACKED_MODES:
-            raise KVPlanError(
-                error(
-                    Code.BACKEND_UNAVAILABLE,
-                    "backend.unbacked",
-                    f"cuda-vmm unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
-                    "pass unbacked='fault' or unbacked='scratch'",
-                )
-            )
+        check_unbacked("cuda-vmm", unbacked)
         self.unbacked = unbacked
         self._scratch: Any = None
         """The scratch granule's handle (``unbacked="scratch"``), created on first use."""

@@ -34,7 +34,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor.backends.base import BackendCallError, BackendInfo, TrackedBackend, round_up
+from kvplan.executor.backends.base import (
+    BackendCallError,
+    BackendInfo,
+    TrackedBackend,
+    check_unbacked,
+    round_up,
+)
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
@@ -49,8 +55,6 @@ MAP_ANONYMOUS = 0x20
 MAP_NORESERVE = 0x4000
 MADV_POPULATE_WRITE = 23
 _MAP_FAILED = ctypes.c_void_p(-1).value
-UNBACKED_MODES = ("fault", "scratch")
-"""What touching an unmapped part of a reservation does (see the module docstring)."""
 
 _counter = itertools.count()
 
@@ -168,15 +172,7 @@ class HostVmmBackend(TrackedBackend):
                     "use --backend cuda-vmm for GPUs or --backend torch",
                 )
             )
-        if unbacked not in UNBACKED_MODES:
-            raise KVPlanError(
-                error(
-                    Code.BACKEND_UNAVAILABLE,
-                    "backend.unbacked",
-                    f"host-vmm unbacked={unbacked!r} is not one of {', '.join(UNBACKED_MODES)}.",
-                    "pass unbacked='fault' or unbacked='scratch'",
-                )
-            )
+        check_unbacked("host-vmm", unbacked)
         super().__init__()
         self.unbacked = unbacked
         self._unbacked_prot = PROT_RW if unbacked == "scratch" else PROT_NONE

@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,10 @@ LIMIT_POLL_SECONDS = 0.5
 """How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
 STATS_PERIOD_SECONDS = 0.5
 """A worker writes its stats file at most this often while figures change."""
+SCHEDULER_FIGURES = (
+    "live_blocks", "cached_blocks", "limit_bytes", "cache_limit_bytes", "reserve_bytes"
+)  # fmt: skip
+"""The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
 SAMPLED_BLOCKS = 64
 """Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
 
@@ -437,18 +442,14 @@ class WorkerSide:
     dump_dir: Path | None
     digest: str
     backend: str
-    maps: int = 0
-    unmaps: int = 0
-    map_seconds: float = 0.0
-    unmap_seconds: float = 0.0
-    failed_maps: int = 0
-    steps: int = 0
-    map_calls: int = 0
-    live_blocks: int = 0
-    cached_blocks: int = 0
-    limit_bytes: int = 0
-    cache_limit_bytes: int = 0
-    reserve_bytes: int = 0
+    count: Counter[str] = field(default_factory=Counter)
+    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``steps`` (with operations),
+    ``map_calls``."""
+    seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
+    """Time spent mapping (``map``) and unmapping (``unmap``)."""
+    scheduler: dict[str, int] = field(default_factory=dict)
+    """What the scheduler last said: ``live_blocks``, ``cached_blocks``, ``limit_bytes``,
+    ``cache_limit_bytes``, ``reserve_bytes``."""
     peak_mapped_bytes: int = 0
     checked: bool = False
     state: Literal["bound", "running", "closed"] = "bound"
@@ -467,12 +468,12 @@ class WorkerSide:
             before = sum(cache.mapped_chunks.values())
             t0 = time.perf_counter()
             cache.release_blocks(ops.unmap)
-            self.unmap_seconds += time.perf_counter() - t0
-            self.unmaps += before - sum(cache.mapped_chunks.values())
+            self.seconds["unmap"] += time.perf_counter() - t0
+            self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
         blocks = ops.map
         if blocks:
-            self.map_calls += 1
-            if self.settings.skip_map == self.map_calls:  # test-only: break it on purpose
+            self.count["map_calls"] += 1
+            if self.settings.skip_map == self.count["map_calls"]:  # test-only: break it on purpose
                 droppable = [b for b in blocks if b != 0]
                 if droppable:
                     blocks = tuple(b for b in blocks if b != droppable[-1])
@@ -485,18 +486,14 @@ class WorkerSide:
             try:
                 cache.ensure_mapped(blocks)
             except KVPlanError as exc:
-                self.failed_maps += 1
+                self.count["failed_maps"] += 1
                 self.touch()
                 raise refusals.elastic_map_failed(self.label, len(blocks), exc) from exc
             finally:
-                self.map_seconds += time.perf_counter() - t0
-            self.maps += sum(cache.mapped_chunks.values()) - before
-        self.live_blocks = ops.live_blocks
-        self.cached_blocks = ops.cached_blocks
-        self.limit_bytes = ops.limit_bytes
-        self.cache_limit_bytes = ops.cache_limit_bytes
-        self.reserve_bytes = ops.reserve_bytes
-        self.steps += 1
+                self.seconds["map"] += time.perf_counter() - t0
+            self.count["maps"] += sum(cache.mapped_chunks.values()) - before
+        self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
+        self.count["steps"] += 1
         self.state = "running"
         self.touch()
 
@@ -523,17 +520,10 @@ class WorkerSide:
             reserved_bytes=cache.reserved_bytes,
             mapped_bytes=0 if cache.closed else cache.mapped_bytes,
             peak_mapped_bytes=self.peak_mapped_bytes,
-            limit_bytes=self.limit_bytes,
-            cache_limit_bytes=self.cache_limit_bytes,
-            reserve_bytes=self.reserve_bytes,
-            live_blocks=self.live_blocks,
-            cached_blocks=self.cached_blocks,
-            maps=self.maps,
-            unmaps=self.unmaps,
-            map_seconds=round(self.map_seconds, 6),
-            unmap_seconds=round(self.unmap_seconds, 6),
-            failed_maps=self.failed_maps,
-            steps=self.steps,
+            **{key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES},
+            **{key: self.count[key] for key in ("maps", "unmaps", "failed_maps", "steps")},
+            map_seconds=round(self.seconds["map"], 6),
+            unmap_seconds=round(self.seconds["unmap"], 6),
         )
 
     def start_reporting(self) -> None:
@@ -563,7 +553,11 @@ def worker_side(cache: BoundKVCache, settings: Settings, label: str) -> WorkerSi
         backend=settings.backend,
     )
     limit, cache_limit, reserve = default_limits(settings.elastic, ledger.reserved_bytes)
-    side.limit_bytes, side.cache_limit_bytes, side.reserve_bytes = limit, cache_limit, reserve
+    side.scheduler = {
+        "limit_bytes": limit,
+        "cache_limit_bytes": cache_limit,
+        "reserve_bytes": reserve,
+    }
     side.touch()
     return side
 
@@ -673,21 +667,26 @@ def scheduler_init(runtime: Runtime, call: Call) -> Any:
     manager = getattr(scheduler, "kv_cache_manager", None)
     pool = getattr(manager, "block_pool", None)
     if pool is None or not hasattr(pool, "free_block_queue"):
-        raise runtime.refuse(refusals.elastic_unsupported("the scheduler has no block pool"))
+        no_pool = refusals.elastic_unsupported("the scheduler has no block pool")
+        raise runtime.refuse(KVPlanError(no_pool))
     if not configs[0].kv_cache_tensors:
         return result
     try:
         ledgers = [scheduler_ledger(runtime, config) for config in configs]
         digests = {geometry_digest(ledger) for ledger in ledgers}
         if len(digests) > 1:
-            raise refusals.elastic_unsupported(
-                "the ranks' KV caches have different block geometry (pipeline parallelism "
-                "gives each stage other layers); elastic serving needs one geometry"
+            raise KVPlanError(
+                refusals.elastic_unsupported(
+                    "the ranks' KV caches have different block geometry (pipeline "
+                    "parallelism gives each stage other layers); elastic serving needs one"
+                )
             )
         ledger = ledgers[0]
         if ledger.num_blocks != pool.num_gpu_blocks:
-            raise refusals.elastic_unsupported(
-                f"the plan has {ledger.num_blocks} blocks but the block pool {pool.num_gpu_blocks}"
+            raise KVPlanError(
+                refusals.elastic_unsupported(
+                    f"the plan has {ledger.num_blocks} blocks, the block pool {pool.num_gpu_blocks}"
+                )
             )
         side = SchedulerSide(ledger, runtime.settings.elastic, pool, runtime.settings.dump_dir)
         need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
@@ -760,10 +759,7 @@ def execute_model(runtime: Runtime, call: Call) -> Any:
         if side is None:
             from kvplan.integrations.vllm import _refusals as refusals
 
-            raise runtime.refuse(
-                refusals.elastic_unsupported(
-                    "this worker received elastic operations but bound no elastic KV cache"
-                )
-            )
+            why = "this worker received elastic operations but bound no elastic KV cache"
+            raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
         side.apply(ops)
     return call.run()

@@ -296,26 +296,13 @@ def reviewed_plan_differs(path: object, label: str, markdown: str, count: int) -
 # -- elastic serving ------------------------------------------------------------------------
 
 
-def elastic_unsupported(why: str) -> KVPlanError:
-    """``KVP530``: elastic serving cannot run in this engine."""
-    return KVPlanError(
-        error(
-            Code.ELASTIC_UNSUPPORTED,
-            "KVPLAN_MODE",
-            f"kvplan cannot serve this engine elastically: {why}.",
-            "set KVPLAN_MODE=eager (see docs/elastic.md for what elastic mode supports)",
-        )
-    )
-
-
-def elastic_release(version: str, adapter: str) -> Diagnostic:
-    """``KVP530`` at start-up: the release's adapter declares no elastic targets."""
+def elastic_unsupported(why: str) -> Diagnostic:
+    """``KVP530``: elastic serving cannot run here (raise it in a :class:`KVPlanError`)."""
     return error(
         Code.ELASTIC_UNSUPPORTED,
         "KVPLAN_MODE",
-        f"kvplan serves vLLM {version} ({adapter}) only in eager mode; elastic serving needs "
-        "vLLM 0.32 or 0.33.",
-        "set KVPLAN_MODE=eager, or install vLLM 0.32/0.33",
+        f"kvplan cannot serve this engine elastically: {why}.",
+        "set KVPLAN_MODE=eager (docs/elastic.md says what elastic mode supports)",
     )
 
 

@@ -102,7 +102,12 @@ def _activate() -> None:
     else:
         elastic = settings.mode == "elastic"
         if elastic and not adapter.elastic:
-            problems.append(refusals.elastic_release(version, adapter.name))
+            problems.append(
+                refusals.elastic_unsupported(
+                    f"vLLM {version} ({adapter.name}) is served in eager mode only; elastic "
+                    "serving needs vLLM 0.32 or 0.33"
+                )
+            )
         found = [versions.resolve(t) for t in adapter.targets if elastic or not t.elastic_only]
         problems.extend(refusals.target_unusable(version, r) for r in found if not r.ok)
     if problems:

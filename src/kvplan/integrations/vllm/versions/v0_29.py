@@ -26,19 +26,9 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
 
 from __future__ import annotations
 
-import dataclasses
-
-from kvplan.integrations.vllm.versions._adapter import (
-    ALLOCATE,
-    HISPARSE,
-    PLACEMENT,
-    TENSORS,
-    V2,
-    Target,
-    VersionAdapter,
-)
+from kvplan.integrations.vllm.versions._adapter import HISPARSE, PLACEMENT, VersionAdapter
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import allocate_with, v2_init
+from kvplan.integrations.vllm.versions.v0_33 import allocate_with, retarget
 
 V2_INIT = (
     "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
@@ -46,24 +36,13 @@ V2_INIT = (
 )  # fmt: skip
 """``init_kv_cache`` of 0.29: ``runner_kv_caches`` first, no keyword-only parameters."""
 
-_V2_CALLS = ("allocate_kv_cache", "get_shared_kv_cache_layers")
-
-
 allocate = allocate_with(lambda spec: True)
 """0.29's specs have no ``has_layer_views``: its ``allocate_kv_cache`` views every layer."""
 
 
-def _retarget(target: Target) -> Target:
-    if target.role == ALLOCATE:
-        return dataclasses.replace(target, handler=allocate)
-    if target.qualname != "init_kv_cache":
-        return target
-    return Target(
-        target.module, target.qualname, V2_INIT, TENSORS, target.why, v2_init, V2, _V2_CALLS
-    )
-
-
-TARGETS = tuple(_retarget(t) for t in _TARGETS_0_33 if t.role != HISPARSE)
+TARGETS = retarget(
+    tuple(t for t in _TARGETS_0_33 if t.role != HISPARSE), V2_INIT, allocate_handler=allocate
+)
 
 ADAPTER = VersionAdapter(
     name="vllm-0.29",

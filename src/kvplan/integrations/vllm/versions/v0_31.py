@@ -23,15 +23,9 @@ Compared from the released wheels' sources against 0.33 (see docs/integration.md
 
 from __future__ import annotations
 
-from kvplan.integrations.vllm.versions._adapter import (
-    PLACEMENT,
-    TENSORS,
-    V2,
-    Target,
-    VersionAdapter,
-)
+from kvplan.integrations.vllm.versions._adapter import PLACEMENT, VersionAdapter
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import v2_init
+from kvplan.integrations.vllm.versions.v0_33 import retarget
 
 V2_INIT = (
     "forward_context", "kv_cache_config", "device", "kernel_block_sizes", "vllm_config",
@@ -39,19 +33,7 @@ V2_INIT = (
 )  # fmt: skip
 """0.33's signature without the keyword-only ``attn_groups``."""
 
-_V2_CALLS = ("allocate_kv_cache", "get_shared_kv_cache_layers")
-
-
-def _retarget(target: Target) -> Target:
-    """0.33's target, with 0.30–0.31's ``init_kv_cache`` signature where it applies."""
-    if target.qualname != "init_kv_cache":
-        return target
-    return Target(
-        target.module, target.qualname, V2_INIT, TENSORS, target.why, v2_init, V2, _V2_CALLS
-    )
-
-
-TARGETS = tuple(_retarget(t) for t in _TARGETS_0_33)
+TARGETS = retarget(_TARGETS_0_33, V2_INIT)
 
 _NOT_IN_0_31: dict[str, dict[str, object]] = {
     "KVCacheConfig": {"hash_block_size": None, "cache_hit_alignment_tokens": None},

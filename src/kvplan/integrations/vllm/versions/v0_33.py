@@ -232,6 +232,27 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
 )  # fmt: skip
 
 
+def retarget(
+    targets: tuple[Target, ...],
+    init_params: tuple[str, ...],
+    *,
+    allocate_handler: Handler | None = None,
+) -> tuple[Target, ...]:
+    """0.33's ``targets`` for an older release whose V2 ``init_kv_cache`` takes
+    ``init_params`` (same handler and calls) and, if given, whose ``allocate_kv_cache``
+    sites run ``allocate_handler``."""
+    import dataclasses
+
+    out = []
+    for target in targets:
+        if target.qualname == "init_kv_cache":
+            target = dataclasses.replace(target, params=init_params)
+        elif target.role == ALLOCATE and allocate_handler is not None:
+            target = dataclasses.replace(target, handler=allocate_handler)
+        out.append(target)
+    return tuple(out)
+
+
 def _groups_0_33(vllm_config: Any, kv_cache_specs: list[Any]) -> Any:
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
 
