@@ -38,13 +38,14 @@ PROMPTS = [
 ROUNDS = [[0, 1, 2, 3], [0, 1, 2, 3]]
 MAX_TOKENS = 20
 """Prompts of 80, 73, 72 and 76 tokens + 20 generated: 4, 3, 3 and 3 blocks of 32."""
-DISTINCT_BLOCKS = 4 + 1 + 3 + 1 + 1
-"""A round's requests hold 9 distinct blocks at their peak (two share two), plus block 0."""
 ENGINE = {**ENGINE_ARGS, "max_model_len": 128}
 """A shorter max_model_len lets the tight limit be small: it must hold one longest request."""
-TIGHT_BLOCKS = 6
-"""The tight limit backs the null block and 6 more: fewer than the round's 4 requests need,
-more than one request of max_model_len (4 blocks) needs."""
+FLOOR_BYTES = {"llama": 5 * BLOCK_BYTES["llama"], "gemma4": 835584, "gemma3n": 819200}
+"""The smallest limit each model's engine accepts (``KVP533`` below it): the null block plus
+one request of max_model_len tokens in every KV cache group (gemma-4 has five groups and
+gemma-3n more, each taking its own block ids). Read from the refusal's message."""
+TIGHT_EXTRA_BLOCKS = 2
+"""The tight limit: the floor plus two blocks — less than a round's four requests need."""
 
 _RUNS: dict[str, EngineRun] = {}
 
@@ -53,12 +54,13 @@ def variants(model: str, work: Path) -> list[Variant]:
     def env(name: str, **extra: str) -> dict[str, str]:
         return kvplan_env("host-vmm", "elastic", work / f"dump-{name}", **extra)
 
-    tight = (1 + TIGHT_BLOCKS) * BLOCK_BYTES[model]
+    tight = FLOOR_BYTES[model] + TIGHT_EXTRA_BLOCKS * BLOCK_BYTES[model]
     return [
         Variant("elastic", env("elastic", KVPLAN_POISON="1")),
         Variant("vanilla"),
         Variant("drained", env("drained", KVPLAN_CACHE_LIMIT="0"), idle_step=True),
         Variant("tight", env("tight", KVPLAN_POISON="1", KVPLAN_MEMORY_LIMIT=str(tight))),
+        Variant("too-small", env("small", KVPLAN_MEMORY_LIMIT="4096"), expect_refusal=True),
     ]
 
 
@@ -114,8 +116,7 @@ def test_elastic_maps_a_few_chunks_not_the_reservation(
     assert figures["reserved_bytes"] == 256 * BLOCK_BYTES[model]
     assert figures["chunk_bytes"] == 4096  # host-vmm: the OS page
     # a round's blocks, the cached ones and the reserve: far below the 256 blocks reserved
-    assert 0 < figures["peak_mapped_bytes"] <= figures["reserved_bytes"] // 8
-    assert figures["peak_mapped_bytes"] >= DISTINCT_BLOCKS * BLOCK_BYTES[model]
+    assert 4 * BLOCK_BYTES[model] <= figures["peak_mapped_bytes"] <= figures["reserved_bytes"] // 4
     assert figures["maps"] > 0 and figures["map_seconds"] > 0 and figures["failed_maps"] == 0
     assert figures["limit_bytes"] == figures["reserved_bytes"]  # the default limit
     closed = stats(elastic_run(model), "elastic", closed=True)
@@ -133,7 +134,7 @@ def test_drained_engine_keeps_only_the_null_block_and_the_reserve(
     null = BLOCK_BYTES[model]
     assert null <= figures["mapped_bytes"] <= null + figures["reserve_bytes"]
     assert figures["unmaps"] > 0
-    assert figures["peak_mapped_bytes"] >= DISTINCT_BLOCKS * BLOCK_BYTES[model]
+    assert figures["peak_mapped_bytes"] >= 4 * BLOCK_BYTES[model]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -142,7 +143,7 @@ def test_tight_limit_preempts_and_is_never_exceeded(
 ) -> None:
     run = elastic_run(model)
     figures = stats(run, "tight")
-    limit = (1 + TIGHT_BLOCKS) * BLOCK_BYTES[model]
+    limit = FLOOR_BYTES[model] + TIGHT_EXTRA_BLOCKS * BLOCK_BYTES[model]
     assert figures["limit_bytes"] == limit
     assert 0 < figures["peak_mapped_bytes"] <= limit
     assert run.variants["tight"]["preemptions"] > 0
@@ -164,3 +165,13 @@ def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:
             max_tokens=4,
         )  # fmt: skip
     assert "skips mapping block" in str(failed.value)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_limit_below_one_longest_request_is_refused(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    refused = elastic_run(model).variants["too-small"]
+    assert refused["refused"], refused
+    assert "KVP533 error at KVPLAN_MEMORY_LIMIT" in refused["error"]
+    assert f"({FLOOR_BYTES[model]} bytes)" in refused["error"]

@@ -707,14 +707,18 @@ def scheduler_init(runtime: Runtime, call: Call) -> Any:
 
 
 def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
-    """What one request of ``max_model_len`` tokens needs backed: its blocks in the group
-    with the smallest block size, at the pool's mean bytes per block."""
-    max_len = int(getattr(getattr(vllm_config, "model_config", None), "max_model_len", 0) or 0)
-    sizes = [int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in config.kv_cache_groups]
-    block_size = min((s for s in sizes if s > 0), default=0)
-    if not max_len or not block_size or not ledger.num_blocks:
+    """What one request of ``max_model_len`` tokens needs backed: in every KV cache group
+    (each takes its own block ids from the one pool), the blocks vLLM's own
+    ``max_memory_usage_bytes`` admits for it, at the pool's mean bytes per block id."""
+    if not ledger.num_blocks:
         return 0
-    blocks = min(-(-max_len // block_size), ledger.num_blocks - 1)
+    blocks = 0
+    for group in config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        page = int(spec.page_size_bytes)
+        if page > 0:
+            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
+    blocks = min(blocks, ledger.num_blocks - 1)
     return blocks * -(-ledger.reserved_bytes // ledger.num_blocks)
 
 
