@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import plans
+from tests.executor import _plans as plans
 
 CPU_BACKENDS = ("meta", "torch", "host-vmm")
 
