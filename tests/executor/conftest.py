@@ -1,4 +1,4 @@
-"""Executor test helpers: plan builders (see ``plans.py``), backends, leak checks."""
+"""Executor test helpers: plan builders (see ``_plans.py``), backends, leak checks."""
 
 from __future__ import annotations
 
