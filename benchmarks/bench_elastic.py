@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 def micro(steps: int) -> float:
     """Median µs per step of kvplan's elastic handlers when nothing changes."""
-    from tests.core import builders
+    from tests import _builders as builders
     from vllm.v1.core.block_pool import BlockPool
 
     from kvplan.elastic.ledger import Ledger

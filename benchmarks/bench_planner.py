@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests.core import builders as b  # noqa: E402
+from tests import _builders as b  # noqa: E402
 
 import kvplan  # noqa: E402
 from kvplan.schemas.loading import parse_input  # noqa: E402

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests.core import builders as b  # noqa: E402
-from tests.render.pictures import gemma_blhnc_plan, gemma_plan  # noqa: E402
+from tests import _builders as b  # noqa: E402
+from tests.render._pictures import gemma_blhnc_plan, gemma_plan  # noqa: E402
 
 import kvplan  # noqa: E402
 from kvplan.render import diff_page, plan_page  # noqa: E402

@@ -70,8 +70,8 @@ def median_ms(samples: list[float]) -> float:
 # -- lazily imported modules (so an import failure is a failed check, not a crash) ------
 def mods() -> Any:
     import torch
-    from tests.executor import plans
-    from tests.executor.patterns import fill_pattern, vanilla
+    from tests.executor import _plans as plans
+    from tests.executor._patterns import fill_pattern, vanilla
 
     from kvplan.executor import apply, verify
     from kvplan.executor.backends.cuda_vmm import CudaVmmBackend, load_driver

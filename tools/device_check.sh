@@ -20,6 +20,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.stdout" || status=1
 python3 -m pytest -m gpu -q -p no:cacheprovider tests/executor 2>&1 | tee "$OUT/pytest_gpu.log" \
   || status=1
-python3 tests/legacy/gpu_check.py 2>&1 | tee "$OUT/legacy_gpu_check.log" || status=1
+python3 tests/planner/legacy/_gpu_check.py 2>&1 | tee "$OUT/legacy_gpu_check.log" || status=1
 echo "device_check: status $status"
 exit $status

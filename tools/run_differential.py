@@ -1,7 +1,7 @@
 """Run kvplan's differential suite against another vLLM release, from its wheel.
 
-``tests/vllm/test_differential.py`` compares kvplan's plans with what vLLM's real
-``allocate_kv_cache`` binds on the CPU. This runs it with another release's vLLM::
+``tests/integrations/vllm/capture/test_differential.py`` compares kvplan's plans with what
+vLLM's real ``allocate_kv_cache`` binds on the CPU. This runs it with another release's vLLM::
 
     python tools/run_differential.py --wheels DIR --envs DIR 0.31 [0.30 ...]
         [--select EXPR] [--maxfail N] [--timeout S] [--results FILE.json]
@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = "tests/vllm/test_differential.py"
+SUITE = "tests/integrations/vllm/capture/test_differential.py"
 
 
 def wheel_for(wheels: Path, minor: str) -> Path:

@@ -579,7 +579,7 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         if minor(r.version) in differential:
             diff = differential[minor(r.version)]
         elif r.version == REFERENCE:
-            diff = "the project's own suite (`tests/vllm`)"
+            diff = "the project's own suite (`tests/integrations/vllm/capture`)"
         elif r.form == "shared_by":
             diff = "n/a (no `allocate_kv_cache`; legacy fixtures come from 0.24.0's own code)"
         else:
@@ -596,8 +596,9 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "design does not apply to them and they are planned offline from a captured",
         "`kvplan.input-legacy/1` document ([layouts.md](layouts.md) lists what each refuses).",
         "",
-        "The differential column: `tests/vllm/test_differential.py` (kvplan's plans against",
-        "vLLM's real `allocate_kv_cache` on the CPU) run by `tools/run_differential.py` with the",
+        "The differential column: `tests/integrations/vllm/capture/test_differential.py`",
+        "(kvplan's plans against vLLM's real `allocate_kv_cache` on the CPU) run by",
+        "`tools/run_differential.py` with the",
         "release's pure-Python `vllm/` package unpacked from its wheel and put before kvplan's",
         "test environment (vLLM 0.33's dependencies, `VLLM_TARGET_DEVICE=cpu`; the wheel's",
         "compiled modules are CUDA builds and are left out). The suite builds each case with",

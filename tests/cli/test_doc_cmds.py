@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvplan.cli import app
-from tests.core import builders as b
+from tests import _builders as b
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "data" / "bad").iterdir())

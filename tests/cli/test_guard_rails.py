@@ -14,8 +14,8 @@ import pytest
 from kvplan.schemas import loading
 from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
 from kvplan.units import MAX_OPTION_BYTES, human_bytes, parse_size
-from tests.core import builders as b
-from tests.hostile.harness import assert_bounded, assert_refused, digest, invoke, spawn
+from tests import _builders as b
+from tests.hostile._harness import assert_bounded, assert_refused, digest, invoke, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "examples" / "golden" / "google__gemma-3-1b-it"

@@ -13,7 +13,7 @@ from kvplan.planner import build_plan
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
-from tests.core import builders
+from tests import _builders as builders
 
 PAGE = 4096
 

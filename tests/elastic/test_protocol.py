@@ -23,7 +23,7 @@ from kvplan.integrations.vllm._elastic import (
     read_elastic_settings,
 )
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.core import builders
+from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 NUM_BLOCKS = 64

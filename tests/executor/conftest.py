@@ -1,4 +1,4 @@
-"""Executor test helpers: plan builders (see ``plans.py``), backends, leak checks."""
+"""Executor test helpers: plan builders (see ``_plans.py``), backends, leak checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import plans
+from tests.executor import _plans as plans
 
 CPU_BACKENDS = ("meta", "torch", "host-vmm")
 

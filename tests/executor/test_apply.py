@@ -12,9 +12,9 @@ from kvplan.executor import BoundKVCache, apply, create_backend, verify
 from kvplan.executor.backends.host_vmm import HostVmmBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import plans
+from tests.executor import _plans as plans
+from tests.executor._patterns import fill_pattern, vanilla
 from tests.executor.conftest import memfd_lines, perms_at
-from tests.executor.patterns import fill_pattern, vanilla
 
 
 def test_apply_verifies(any_plan: BindingPlan, cpu_backend: str) -> None:

@@ -26,7 +26,7 @@ from kvplan.executor.backends import (
 from kvplan.executor.backends.meta import MetaBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.loading import dump
-from tests.executor import plans
+from tests.executor import _plans as plans
 
 cli = CliRunner()
 

@@ -11,7 +11,7 @@ import torch
 from kvplan.executor import apply
 from kvplan.executor.backends import cuda_vmm
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import plans
+from tests.executor import _plans as plans
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 

@@ -9,8 +9,8 @@ from kvplan.executor import apply, verify
 from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import plans
-from tests.executor.patterns import fill_pattern, vanilla
+from tests.executor import _plans as plans
+from tests.executor._patterns import fill_pattern, vanilla
 
 pytestmark = [
     pytest.mark.gpu,

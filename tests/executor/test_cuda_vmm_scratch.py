@@ -1,6 +1,6 @@
 """cuda-vmm ``unbacked="scratch"`` on the CPU, against a fake driver that checks the calls.
 
-The fake (``tests/executor/fake_cuda.py``) refuses what CUDA refuses (mapping over a mapping,
+The fake (``tests/executor/_fake_cuda.py``) refuses what CUDA refuses (mapping over a mapping,
 unmapping part of one, access over a hole, freeing a reservation with mappings), so these
 tests prove the call sequence; ``test_cuda_vmm_gpu.py`` runs the same on a real GPU.
 """
@@ -15,8 +15,8 @@ from kvplan.executor.backends import cuda_vmm
 from kvplan.executor.backends.base import BackendCallError
 from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import plans
-from tests.executor.fake_cuda import FakeDriver
+from tests.executor import _plans as plans
+from tests.executor._fake_cuda import FakeDriver
 
 G = 2 << 20  # the fake's granularity, CUDA's usual one
 

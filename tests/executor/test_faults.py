@@ -10,7 +10,7 @@ from kvplan.executor.backends.host_vmm import HostVmmBackend
 from kvplan.executor.backends.meta import MetaBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import plans
+from tests.executor import _plans as plans
 from tests.executor.conftest import memfd_lines, open_fds, perms_at
 
 MiB = 1 << 20

@@ -18,7 +18,7 @@ from kvplan.planner.page_index import (
     row_template,
 )
 from kvplan.schemas.plan import BindingPlan, Pool, View
-from tests.executor import plans
+from tests.executor import _plans as plans
 
 P = 16 * 8 * 256 * 2  # llama page: bs16, 8 heads, K|V 256, bf16 = 64 KiB
 

@@ -13,8 +13,8 @@ from kvplan.executor import apply, verify
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
-from tests.core import builders
-from tests.executor.patterns import fill_pattern, vanilla
+from tests import _builders as builders
+from tests.executor._patterns import fill_pattern, vanilla
 from tests.executor.test_page_index import as_bytes, brute_force
 
 DOCS: dict[str, Callable[[], dict[str, Any]]] = {

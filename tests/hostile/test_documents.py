@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile import generators
-from tests.hostile.harness import Outcome, assert_bounded, assert_refused, digest, invoke, spawn
+from tests.hostile import _generators as generators
+from tests.hostile._harness import Outcome, assert_bounded, assert_refused, digest, invoke, spawn
 
 CASES = generators.generate(per_source=2)
 COMMANDS = ("validate", "plan", "show")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvplan.schemas import loading
-from tests.hostile.generators import GOLDEN
-from tests.hostile.harness import SRC, assert_bounded, assert_refused, digest, invoke, spawn
+from tests.hostile._generators import GOLDEN
+from tests.hostile._harness import SRC, assert_bounded, assert_refused, digest, invoke, spawn
 
 INPUT = GOLDEN / "google__gemma-3-1b-it" / "input.json"
 PLAN = GOLDEN / "google__gemma-3-1b-it" / "plan.json"

@@ -30,9 +30,9 @@ from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.loading import load_any, parse_input, parse_plan
 from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
-from tests.core import builders as b
-from tests.core.test_properties import configs
-from tests.executor import plans
+from tests import _builders as b
+from tests.executor import _plans as plans
+from tests.planner.test_properties import configs
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -400,8 +400,8 @@ def test_alias_cycle_is_one_bounded_diagnostic(n: int) -> None:
         from kvplan.planner import build_plan, validate
         from kvplan.schemas.loading import parse_input
         from kvplan.schemas.plan import Alias
-        from tests.core import builders as b
-        from tests.executor import plans
+        from tests import _builders as b
+        from tests.executor import _plans as plans
         n = {n}
         data = b.llama(2)
         data["shared_kv_cache_layers"] = {{f"s{{i}}": f"s{{(i + 1) % n}}" for i in range(n)}}
@@ -436,7 +436,7 @@ INTERLEAVED = """
     from kvplan.planner import validate
     from kvplan.schemas.canonical import to_data
     from kvplan.schemas.plan import Pool, View
-    from tests.executor import plans
+    from tests.executor import _plans as plans
     n, runs, blocks = 256, 65536, 2
     views = [
         View(layer=f"l{i}", group=0, pool="p", kind="FullAttentionSpec", dtype="int8",
@@ -480,7 +480,7 @@ def test_megabyte_plan_of_mixed_periods_is_bounded() -> None:
         from kvplan.planner import validate
         from kvplan.schemas.canonical import to_data
         from kvplan.schemas.plan import Pool, View
-        from tests.executor import plans
+        from tests.executor import _plans as plans
         n = 6000
         views = [
             View(layer=f"l{i}", group=0, pool="p", kind="FullAttentionSpec", dtype="int8",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvplan.render import diff_page, plan_page
-from tests.render.browser import drawn_rows, dump_dom, png_rows, screenshot
-from tests.render.pictures import gemma_blhnc_plan, gemma_plan
+from tests.render._browser import drawn_rows, dump_dom, png_rows, screenshot
+from tests.render._pictures import gemma_blhnc_plan, gemma_plan
 from tests.render.test_render import names_in
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.render import browser
+from tests.render import _browser as browser
 
 
 def _fake(

@@ -15,8 +15,8 @@ from kvplan.render._geometry import block_runs, extent, interleaved, is_padded, 
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.loading import parse_input, parse_plan
 from kvplan.schemas.plan import BindingPlan
-from tests.core import builders as b
-from tests.render.pictures import ROOT, gemma_blhnc_plan, gemma_plan
+from tests import _builders as b
+from tests.render._pictures import ROOT, gemma_blhnc_plan, gemma_plan
 
 EXTERNAL = re.compile(
     r"https?:|//|<script|@import|\bsrc\s*=|\bhref\s*=|url\(\s*(?!#)", re.IGNORECASE
@@ -114,7 +114,7 @@ def test_padded_pages_are_shown_as_padding() -> None:
 
 
 def test_heads_outside_blocks_give_one_run_per_head() -> None:
-    doc = b.llama(4, num_blocks=64, layout="LHBNC")  # placed as in tests/core/test_planner.py
+    doc = b.llama(4, num_blocks=64, layout="LHBNC")  # placed as in tests/planner/test_planner.py
     doc["kv_cache_config"]["kv_cache_tensors"][0].update(layer_stride=262144, block_stride=2048)
     view = plan_of(doc).views[0]
     runs = block_runs(view)

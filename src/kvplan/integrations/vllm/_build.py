@@ -375,6 +375,7 @@ class KVCachePlan:
 def engine_core_planning() -> EngineCorePlanning:
     """The installed vLLM's engine-core planning steps, from its version adapter."""
     import vllm
+
     from kvplan.integrations.vllm.versions import adapter_for, all_adapters, supported_range
     from kvplan.schemas.errors import Code, KVPlanError, error
 

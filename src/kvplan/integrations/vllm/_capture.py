@@ -49,6 +49,7 @@ __all__ = [
 def installed_adapter() -> tuple[VersionAdapter, str]:
     """The adapter of the installed vLLM and its version; ``KVP501`` if it is unsupported."""
     import vllm
+
     from kvplan.integrations.vllm.versions import adapter_for, supported_range
 
     version = str(getattr(vllm, "__version__", "unknown"))

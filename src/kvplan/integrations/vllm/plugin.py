@@ -76,6 +76,7 @@ def register() -> None:
 def _activate() -> None:
     global _STATE
     import vllm
+
     from kvplan.executor.backends import backend_class
     from kvplan.integrations.vllm import _refusals as refusals
     from kvplan.integrations.vllm import versions
