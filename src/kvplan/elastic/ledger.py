@@ -20,7 +20,6 @@ scheduler side of elastic serving (which decides) and its tests. Terms:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -82,17 +81,6 @@ class Ledger:
     def total_chunk_bytes(self) -> int:
         """What backing every block would map: the reservation."""
         return self.reserved_bytes
-
-    def digest(self) -> str:
-        """A fingerprint of the block → chunk geometry (workers compare theirs with it)."""
-        h = hashlib.sha256()
-        h.update(f"{self.chunk_bytes};{self._reserved};{self.num_blocks};".encode())
-        for vr in sorted(self.index.views, key=lambda v: (v.pool, v.layer)):
-            h.update(
-                f"{vr.pool}|{vr.rows}|{vr.ratio}|{vr.base}|{vr.row_stride}|{vr.whole}|"
-                f"{vr.template};".encode()
-            )
-        return h.hexdigest()[:16]
 
     # -- accounting -----------------------------------------------------------------------
     def cost(self, block: int, pending: set[Chunk] | None = None) -> int:

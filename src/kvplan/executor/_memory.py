@@ -41,7 +41,12 @@ class PoolMemory:
         return start, min(self.chunk, self.reserved - start)
 
     def mapped_bytes(self) -> int:
-        return sum(self.span(c)[1] for c in self.mapped)
+        """Bytes of the mapped chunks (O(1): only the last chunk may be shorter)."""
+        if not self.mapped:
+            return 0
+        last = self.num_chunks - 1
+        short = self.chunk - self.span(last)[1] if last in self.mapped else 0
+        return len(self.mapped) * self.chunk - short
 
 
 def runs(chunk_ids: Iterable[int]) -> Iterator[list[int]]:

@@ -453,7 +453,6 @@ class WorkerSide:
     peak_mapped_bytes: int = 0
     checked: bool = False
     state: Literal["bound", "running", "closed"] = "bound"
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _reporter: StatsReporter | None = None
 
     def apply(self, ops: ElasticOps) -> None:
@@ -498,11 +497,13 @@ class WorkerSide:
         self.touch()
 
     def touch(self) -> None:
+        """Figures changed: the reporter gets a snapshot taken here, in the stepping thread
+        (the reporter's thread never reads the cache while a step maps)."""
         mapped = self.cache.mapped_bytes
         if mapped > self.peak_mapped_bytes:
             self.peak_mapped_bytes = mapped
         if self._reporter is not None:
-            self._reporter.changed()
+            self._reporter.changed(self.snapshot())
 
     def snapshot(self) -> Any:
         from kvplan.elastic.files import ElasticStats
@@ -528,14 +529,13 @@ class WorkerSide:
 
     def start_reporting(self) -> None:
         if self.dump_dir is not None:
-            self._reporter = StatsReporter(self)
-            self._reporter.write_now()
+            self._reporter = StatsReporter(self.dump_dir, self.snapshot())
 
     def closed(self) -> None:
         """The cache was closed: one last snapshot."""
         self.state = "closed"
         if self._reporter is not None:
-            self._reporter.stop()
+            self._reporter.stop(self.snapshot())
 
 
 def worker_side(cache: BoundKVCache, settings: Settings, label: str) -> WorkerSide:
@@ -572,41 +572,48 @@ def engine_name(dump_dir: Path | None) -> str:
 
 class StatsReporter:
     """Writes ``<dump dir>/rank<N>.stats.json`` atomically: at bind, within
-    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes."""
+    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes. The writes (an
+    fsync each) run on its own thread, off the step path; it only writes snapshots."""
 
-    def __init__(self, side: WorkerSide) -> None:
-        self.side = side
+    def __init__(self, directory: Path, first: Any) -> None:
+        self.directory = directory
+        self._latest = first
+        self._written: Any = None
         self._dirty = threading.Event()
         self._stop = threading.Event()
+        self._write()
         self._thread = threading.Thread(target=self._run, name="kvplan-stats", daemon=True)
         self._thread.start()
 
-    def changed(self) -> None:
+    def changed(self, snapshot: Any) -> None:
+        self._latest = snapshot
         self._dirty.set()
 
-    def write_now(self) -> None:
+    def _write(self) -> None:
         from kvplan.elastic.files import write_stats
 
-        side = self.side
-        if side.dump_dir is None:
+        snapshot = self._latest
+        if snapshot is self._written:
             return
         try:
-            write_stats(side.dump_dir, side.snapshot())
+            write_stats(self.directory, snapshot)
         except (OSError, KVPlanError) as exc:
             logger.warning("kvplan: cannot write elastic stats: %s", exc)
+        self._written = snapshot
 
     def _run(self) -> None:
         while not self._stop.is_set():
             if self._dirty.wait(STATS_PERIOD_SECONDS) and not self._stop.is_set():
                 self._dirty.clear()
-                self.write_now()
+                self._write()
                 self._stop.wait(STATS_PERIOD_SECONDS)
 
-    def stop(self) -> None:
+    def stop(self, last: Any) -> None:
         self._stop.set()
         self._dirty.set()
         self._thread.join(timeout=2)
-        self.write_now()
+        self._latest = last
+        self._write()
 
 
 _WORKERS: dict[int, WorkerSide] = {}
