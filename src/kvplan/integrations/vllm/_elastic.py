@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -497,13 +497,13 @@ class WorkerSide:
         self.touch()
 
     def touch(self) -> None:
-        """Figures changed: the reporter gets a snapshot taken here, in the stepping thread
-        (the reporter's thread never reads the cache while a step maps)."""
+        """Figures changed: keep the peak, wake the reporter (it snapshots on its thread: every
+        figure it reads is O(1) and read atomically, so a step never waits for it)."""
         mapped = self.cache.mapped_bytes
         if mapped > self.peak_mapped_bytes:
             self.peak_mapped_bytes = mapped
         if self._reporter is not None:
-            self._reporter.changed(self.snapshot())
+            self._reporter.changed()
 
     def snapshot(self) -> Any:
         from kvplan.elastic.files import ElasticStats
@@ -529,13 +529,13 @@ class WorkerSide:
 
     def start_reporting(self) -> None:
         if self.dump_dir is not None:
-            self._reporter = StatsReporter(self.dump_dir, self.snapshot())
+            self._reporter = StatsReporter(self.dump_dir, self.snapshot)
 
     def closed(self) -> None:
         """The cache was closed: one last snapshot."""
         self.state = "closed"
         if self._reporter is not None:
-            self._reporter.stop(self.snapshot())
+            self._reporter.stop()
 
 
 def worker_side(cache: BoundKVCache, settings: Settings, label: str) -> WorkerSide:
@@ -572,34 +572,28 @@ def engine_name(dump_dir: Path | None) -> str:
 
 class StatsReporter:
     """Writes ``<dump dir>/rank<N>.stats.json`` atomically: at bind, within
-    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes. The writes (an
-    fsync each) run on its own thread, off the step path; it only writes snapshots."""
+    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes. Snapshots and writes
+    (an fsync each) run on its own thread, off the step path."""
 
-    def __init__(self, directory: Path, first: Any) -> None:
+    def __init__(self, directory: Path, snapshot: Callable[[], Any]) -> None:
         self.directory = directory
-        self._latest = first
-        self._written: Any = None
+        self.snapshot = snapshot
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._write()
         self._thread = threading.Thread(target=self._run, name="kvplan-stats", daemon=True)
         self._thread.start()
 
-    def changed(self, snapshot: Any) -> None:
-        self._latest = snapshot
+    def changed(self) -> None:
         self._dirty.set()
 
     def _write(self) -> None:
         from kvplan.elastic.files import write_stats
 
-        snapshot = self._latest
-        if snapshot is self._written:
-            return
         try:
-            write_stats(self.directory, snapshot)
+            write_stats(self.directory, self.snapshot())
         except (OSError, KVPlanError) as exc:
             logger.warning("kvplan: cannot write elastic stats: %s", exc)
-        self._written = snapshot
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -608,11 +602,10 @@ class StatsReporter:
                 self._write()
                 self._stop.wait(STATS_PERIOD_SECONDS)
 
-    def stop(self, last: Any) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
         self._thread.join(timeout=2)
-        self._latest = last
         self._write()
 
 
