@@ -173,17 +173,34 @@ def test_worker_refuses_another_geometry() -> None:
         assert worker.cache.mapped_blocks == {0}
 
 
-def test_a_failed_map_rolls_the_step_back_and_refuses_it() -> None:
+def test_a_failed_map_rolls_the_steps_maps_back_and_says_which_blocks() -> None:
     inner = HostVmmBackend(unbacked="fault")
     faulty = FaultyBackend(inner)
     worker = _worker(backend=faulty)
     faulty.fail_ops = {"map"}
-    with pytest.raises(KVPlanError) as refused:
-        worker.apply(_ops(worker, map=(1, 2)))
-    assert refused.value.code is Code.ELASTIC_MAP_FAILED
-    assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
+    with pytest.raises(elastic.MapFailed) as failed:
+        worker.apply(_ops(worker, seq=7, map=(1, 2), live_blocks=2))
+    assert failed.value.seq == 7 and failed.value.blocks == (1, 2)
+    assert failed.value.error.code is Code.DRIVER_CALL_FAILED
     assert worker.cache.mapped_blocks == {0} and worker.count["failed_maps"] == 1
+    assert worker.count["maps"] == 0 and inner.live().clean is False  # reservations only
+    assert worker.scheduler["live_blocks"] == 2  # the rest of the step was applied
     worker.cache.close()
+    assert inner.live().clean
+
+
+def test_debug_fail_map_fails_the_nth_map_after_mapping_its_chunks() -> None:
+    worker = _worker(ElasticSettings(fail_map=2))
+    with worker.cache:
+        worker.apply(_ops(worker, map=(1,)))
+        with pytest.raises(elastic.MapFailed) as failed:
+            worker.apply(_ops(worker, seq=2, map=(2, 3)))
+        assert "injected failure" in failed.value.error.diagnostics[0].message
+        assert "Rolled back: " in failed.value.error.diagnostics[0].message
+        assert worker.cache.mapped_blocks == {0, 1}
+        assert worker.cache.mapped_bytes == 2 * 4 * PAGE  # the rollback unmapped 2 and 3
+        worker.apply(_ops(worker, seq=3, map=(2, 3)))  # the next try maps them
+        assert worker.cache.mapped_blocks == {0, 1, 2, 3}
 
 
 def test_debug_skip_map_leaves_one_block_unbacked() -> None:
@@ -203,7 +220,11 @@ def test_debug_skip_map_leaves_one_block_unbacked() -> None:
         ),
         (
             {"KVPLAN_RESERVE": "64MiB", "KVPLAN_DEBUG_SKIP_MAP": "3"},
-            {"reserve": 64 << 20, "skip_map": 3},
+            {"reserve": 64 << 20, "skip_map": 3, "fail_map": None},
+        ),
+        (
+            {"KVPLAN_DEBUG_FAIL_MAP": "2"},
+            {"skip_map": None, "fail_map": 2},
         ),
     ],
 )
@@ -222,6 +243,7 @@ def test_settings(env: dict[str, str], fields: dict[str, Any]) -> None:
         {"KVPLAN_CACHE_LIMIT": "-1GiB"},
         {"KVPLAN_POISON": "maybe"},
         {"KVPLAN_DEBUG_SKIP_MAP": "first"},
+        {"KVPLAN_DEBUG_FAIL_MAP": "0"},
     ],
 )
 def test_bad_settings_are_refused(env: dict[str, str]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 _KVPLAN_VARS = (
     "KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR", "KVPLAN_MEMORY_LIMIT",
     "KVPLAN_CACHE_LIMIT", "KVPLAN_RESERVE", "KVPLAN_POISON", "KVPLAN_DEBUG_SKIP_MAP",
+    "KVPLAN_DEBUG_FAIL_MAP",
 )  # fmt: skip
 
 _PREEMPTIONS: list[int] = [0]
@@ -160,6 +161,34 @@ def install_break(kind: str | None) -> None:
     gpu_model_runner.bind_kv_cache = broken
 
 
+def install_reported_map_failure(on: bool) -> None:
+    """Reference for a failed map (test-only): the map ``KVPLAN_DEBUG_FAIL_MAP`` names is made
+    -- the memory is there -- and then reported as failed, so the scheduler recovers exactly
+    as it does from a real failure (same preemptions, evictions, batches) but no step ever
+    ran over unbacked memory. ``False``: undo."""
+    from kvplan.integrations.vllm import _elastic
+
+    original = getattr(_elastic.WorkerSide._map, "__driver_original__", None)
+    if original is not None:
+        _elastic.WorkerSide._map = original  # type: ignore[method-assign]
+    if not on:
+        return
+    real = _elastic.WorkerSide._map
+
+    def mapped_then_reported(self: Any, blocks: tuple[int, ...]) -> None:
+        if self.settings.fail_map != self.count["map_calls"]:
+            return real(self, blocks)
+        from kvplan.schemas.errors import Code, KVPlanError, error
+
+        self.cache.ensure_mapped(blocks)
+        raise KVPlanError(
+            error(Code.DRIVER_CALL_FAILED, "driver", "mapped, reported as failed", "none")
+        )
+
+    mapped_then_reported.__driver_original__ = real  # type: ignore[attr-defined]
+    _elastic.WorkerSide._map = mapped_then_reported  # type: ignore[method-assign]
+
+
 def _set_env(env: dict[str, str]) -> None:
     for key in (*_KVPLAN_VARS, "KVPLAN_STRICT"):
         os.environ.pop(key, None)
@@ -178,6 +207,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         plugin.unregister()
         plugin.register()
     install_break(variant.get("break"))
+    install_reported_map_failure(bool(variant.get("reported_map_failure")))
     started = time.perf_counter()
     engine = {**job["engine"], **variant.get("engine", {})}
     if variant.get("expect_refusal"):
@@ -224,6 +254,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     del llm
     gc.collect()
     install_break(None)
+    install_reported_map_failure(False)
     result["closed_stats_files"] = dumped_stats(env)
     return result
 

@@ -176,6 +176,9 @@ class Variant:
     idle_step: bool = False
     """After generating, step the engine core once more (as a server does after requests
     finish) and let the elastic stats file catch up."""
+    reported_map_failure: bool = False
+    """The map ``KVPLAN_DEBUG_FAIL_MAP`` names succeeds but is reported as failed (test-only:
+    the reference a real failure's tokens are compared with)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -185,6 +188,7 @@ class Variant:
             "engine": self.engine,
             "expect_refusal": self.expect_refusal,
             "idle_step": self.idle_step,
+            "reported_map_failure": self.reported_map_failure,
         }
 
 

@@ -49,6 +49,10 @@ TIGHT_EXTRA_BLOCKS = 1
 """The tight limit: the floor plus one block. llama: 5 blocks besides the null block; A and B
 are admitted (3 + 1 own), C waits, and when both grow by a block B is preempted."""
 
+FAILED_MAP = 2
+"""The map (of each worker, 1-based) that ``KVPLAN_DEBUG_FAIL_MAP`` fails: the first maps the
+first round's prompts, the second a block requests grow into while decoding."""
+
 _RUNS: dict[str, EngineRun] = {}
 
 
@@ -67,6 +71,16 @@ def variants(model: str, work: Path) -> list[Variant]:
         # tight engine's tokens are compared with this engine's, not with unlimited vanilla's)
         Variant("vanilla-tight", engine={"num_gpu_blocks_override": tight // BLOCK_BYTES[model]}),
         Variant("too-small", env("small", KVPLAN_MEMORY_LIMIT="4096"), expect_refusal=True),
+        # a map that fails mid-run (after mapping its chunks): rolled back, the requests that
+        # used its blocks preempted and recomputed, the others untouched
+        Variant("map-fails", env("fails", KVPLAN_DEBUG_FAIL_MAP=str(FAILED_MAP))),
+        # the reference: the same map made, then reported as failed -- the same recovery
+        # (preemptions, evictions, batches), but no step ran over unbacked memory
+        Variant(
+            "map-reported",
+            env("reported", KVPLAN_DEBUG_FAIL_MAP=str(FAILED_MAP)),
+            reported_map_failure=True,
+        ),
     ]
 
 
@@ -159,6 +173,32 @@ def test_tight_limit_is_running_out_of_blocks_and_is_never_exceeded(
     assert run.variants["vanilla"]["preemptions"] == 0
     if model == "llama":  # its round grows past the limit while running: preemption
         assert run.variants["tight"]["preemptions"] > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_failed_map_is_running_out_of_blocks(
+    model: str, elastic_run: Callable[[str], EngineRun]
+) -> None:
+    """The engine survives a failed map: the requests that used its blocks are preempted and
+    recomputed, and nothing computed over the unbacked pages (the step's output, cache
+    entries) survives: the tokens equal the reference's, whose memory was really mapped and
+    whose scheduler recovered the same way. (They need not equal unlimited vanilla's: vLLM on
+    the CPU is not batch-invariant and the preemption changes the batches; llama's do.)"""
+    run = elastic_run(model)
+    failed, reference = run.variants["map-fails"], run.variants["map-reported"]
+    assert failed["active"] and reference["active"]
+    assert run.tokens("map-fails") == run.tokens("map-reported")
+    assert failed["preemptions"] == reference["preemptions"] > 0
+    assert run.variants["vanilla"]["preemptions"] == 0
+    if model == "llama":
+        assert run.tokens("map-fails") == run.tokens("vanilla")
+    figures = stats(run, "map-fails")
+    assert figures["failed_maps"] == 1 and figures["maps"] > 0
+    said = [
+        line for line in run.log.splitlines() if "requests that used them are preempted" in line
+    ]
+    assert len(said) == 2, said  # once for each of the two engines
+    assert "fails map #2 on purpose" in run.log
 
 
 def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:

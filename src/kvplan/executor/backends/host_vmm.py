@@ -17,8 +17,10 @@ CUDA VMM                  host-vmm
 Unbacked ranges (``unbacked``): ``"fault"`` keeps them ``PROT_NONE``, so touching one faults
 (what a test of "no live block is ever unbacked" wants). ``"scratch"`` makes them private,
 anonymous, ``PROT_READ|PROT_WRITE`` and ``MAP_NORESERVE`` instead: a stray read returns zeros
-from the kernel's shared zero page and costs nothing, a stray write lands in a throwaway page —
-the CPU twin of kvcached's zero page (elastic serving: kernels may read blocks outside a step).
+from the kernel's shared zero page and costs nothing, a stray write lands in a private page that
+is thrown away when the range is next mapped or unmapped — the CPU twin of kvcached's zero page
+(elastic serving: kernels may read blocks outside a step). Unlike cuda-vmm's one shared scratch
+granule, such a page keeps what was written to it until then (writes do not alias).
 
 Tensors are zero-copy: ``torch.frombuffer`` over a ctypes array at the reserved address.
 Like CUDA, an unmapped range must be a whole earlier mapping and a reservation may only be
@@ -107,7 +109,7 @@ class HostVmmBackend(TrackedBackend):
     mimic CUDA). ``populate``: commit pages when access is granted
     (``madvise(MADV_POPULATE_WRITE)``, else touching them) instead of on first use.
     ``unbacked``: what an unmapped part of a reservation does when touched — ``"fault"``
-    (``PROT_NONE``) or ``"scratch"`` (reads zeros, writes are thrown away); see the module
+    (``PROT_NONE``) or ``"scratch"`` (reads zeros, writes land in throwaway pages); see the module
     docstring.
     """
 

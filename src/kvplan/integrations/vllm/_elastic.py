@@ -51,6 +51,7 @@ ENV_CACHE_LIMIT = "KVPLAN_CACHE_LIMIT"
 ENV_RESERVE = "KVPLAN_RESERVE"
 ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
+ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 
 OPS_ATTR = "kvplan_elastic"
 """The ``SchedulerOutput`` attribute that carries a step's :class:`ElasticOps`."""
@@ -70,6 +71,12 @@ SCHEDULER_FIGURES = (
 """The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
 SAMPLED_BLOCKS = 64
 """Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
+"""Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
+SENT_KEPT = 8
+"""Operations a scheduler remembers (steps in flight are at most two with async scheduling)."""
+MAP_RETRY_SECONDS = 1.0
+"""After a failed map, no new memory is mapped for this long (the blocks already backed are
+all the engine gets, as if the limit were what is mapped), then mapping is tried again."""
 
 
 # -- settings -----------------------------------------------------------------------------
@@ -78,7 +85,8 @@ SAMPLED_BLOCKS = 64
 @dataclass(frozen=True)
 class ElasticSettings:
     """``KVPLAN_MEMORY_LIMIT`` / ``KVPLAN_CACHE_LIMIT`` / ``KVPLAN_RESERVE`` (bytes; ``None``:
-    the default), ``KVPLAN_POISON`` and the test-only ``KVPLAN_DEBUG_SKIP_MAP``."""
+    the default), ``KVPLAN_POISON`` and the test-only ``KVPLAN_DEBUG_SKIP_MAP`` /
+    ``KVPLAN_DEBUG_FAIL_MAP``."""
 
     limit: int | None = None
     cache_limit: int | None = None
@@ -86,6 +94,8 @@ class ElasticSettings:
     poison: bool = False
     skip_map: int | None = None
     """Test-only negative control: drop one block from the N-th map (1-based)."""
+    fail_map: int | None = None
+    """Test-only fault injection: the N-th map (1-based) fails after mapping its chunks."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -94,6 +104,7 @@ class ElasticSettings:
             "reserve": self.reserve,
             "poison": self.poison,
             "debug_skip_map": self.skip_map,
+            "debug_fail_map": self.fail_map,
         }
 
 
@@ -144,22 +155,28 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
                 f"set {ENV_POISON}=1 or {ENV_POISON}=0",
             )
         )
-    skip_raw = env.get(ENV_DEBUG_SKIP_MAP, "").strip()
-    skip = None
-    if skip_raw:
-        if skip_raw.isdigit() and 0 < int(skip_raw) < 1 << 31:
-            skip = int(skip_raw)
-        else:
-            problems.append(
-                error(
-                    Code.INTEGRATION,
-                    ENV_DEBUG_SKIP_MAP,
-                    f"{ENV_DEBUG_SKIP_MAP}={skip_raw[:40]!r} is not a positive map number.",
-                    f"unset {ENV_DEBUG_SKIP_MAP} (it breaks the cache on purpose, for tests)",
-                )
-            )
+    skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
+    fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     poison = poison_raw in ("1", "true", "yes", "on")
-    return ElasticSettings(limit, cache_limit, reserve, poison, skip), problems
+    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail), problems
+
+
+def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
+    """A test-only ``KVPLAN_DEBUG_*`` setting: which map of a worker (1-based) it breaks."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.isdigit() and 0 < int(raw) < 1 << 31:
+        return int(raw)
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            name,
+            f"{name}={raw[:40]!r} is not a positive map number.",
+            f"unset {name} (it breaks the cache on purpose, for tests)",
+        )
+    )
+    return None
 
 
 def elastic_chunk_bytes(backend: str) -> int:
@@ -253,15 +270,29 @@ class SchedulerSide:
         self._warned_over = False
         self.floor = 0
         """The smallest limit accepted: the null block plus one longest request."""
+        self.failed: dict[int, MapFailed] = {}
+        """Steps (``ElasticOps.seq``) whose maps failed on a worker, not yet recovered."""
+        self.ceiling: int | None = None
+        """After a failed map: the mapped bytes then, the effective limit until ``retry_at``."""
+        self.retry_at = 0.0
+        self.recovered = 0
+        """Failed maps turned into preemptions (see :func:`recover_failed_map`)."""
+        self.sent: dict[int, ElasticOps] = {}
+        """The last few operations sent, by ``seq``: a worker in this process finds its
+        scheduler by identity (a worker in another process holds an unpickled copy)."""
         ledger.back([0])  # vLLM's null block: always backed (the workers map it at bind)
 
     # -- budget ---------------------------------------------------------------------------
+    def effective_limit(self) -> int:
+        """The limit, or less while mapping is held after a failed map."""
+        return self.limit if self.ceiling is None else min(self.limit, self.ceiling)
+
     def tight(self) -> bool:
         """Whether the limit can bind at all (below the whole reservation)."""
-        return self.limit < self.ledger.reserved_bytes
+        return self.effective_limit() < self.ledger.reserved_bytes
 
     def headroom(self) -> int:
-        return self.limit - self.ledger.mapped_bytes
+        return self.effective_limit() - self.ledger.mapped_bytes
 
     def free_ids(self) -> list[int]:
         return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
@@ -325,7 +356,12 @@ class SchedulerSide:
     def before_schedule(self) -> None:
         """Give memory back before the step allocates (see :func:`kvplan.elastic.ledger.trim`)."""
         self.poll_limit()
-        if not self.dirty and self.ledger.mapped_bytes <= self.limit:
+        if self.ceiling is not None and time.monotonic() >= self.retry_at:
+            self.ceiling = None
+            self.dirty = True
+            logger.info("kvplan: elastic mapping resumes after the failed map")
+        limit = self.effective_limit()
+        if not self.dirty and self.ledger.mapped_bytes <= limit:
             return
         from kvplan.elastic.ledger import FreeBlock, trim
 
@@ -338,20 +374,19 @@ class SchedulerSide:
             if b != 0 and blocks[b].ref_cnt == 0
         ]
         result = trim(
-            self.ledger, free, limit=self.limit, cache_limit=self.cache_limit,
-            reserve=self.reserve,
-        )  # fmt: skip
+            self.ledger, free, limit=limit, cache_limit=self.cache_limit, reserve=self.reserve
+        )
         for b in result.evict:
             pool._maybe_evict_cached_block(blocks[b])
         self.pending_unmap.extend(result.unback)
         self.cached_blocks = sum(1 for f in free if f.cached) - len(result.evict)
         self.dirty = False
-        if self.ledger.mapped_bytes > self.limit and not self._warned_over:
+        if self.ledger.mapped_bytes > limit and not self._warned_over:
             self._warned_over = True
             logger.warning(
                 "kvplan: %d bytes are mapped for blocks in use, above the elastic limit of %d "
                 "bytes; no new memory is mapped until requests finish or are preempted",
-                self.ledger.mapped_bytes, self.limit,
+                self.ledger.mapped_bytes, limit,
             )  # fmt: skip
 
     def ops(self) -> ElasticOps | None:
@@ -376,6 +411,8 @@ class SchedulerSide:
         )
         self.pending_map, self.pending_unmap = [], []
         self._last_sent = state
+        self.sent[ops.seq] = ops
+        self.sent.pop(ops.seq - SENT_KEPT, None)
         return ops
 
 
@@ -432,6 +469,17 @@ def make_elastic(pool: Any, side: SchedulerSide) -> None:
 # -- worker side --------------------------------------------------------------------------------
 
 
+class MapFailed(Exception):
+    """Backing a step's new blocks failed on a worker; everything that map did was rolled
+    back, so none of ``blocks`` is resident (the step itself was applied otherwise)."""
+
+    def __init__(self, seq: int, blocks: tuple[int, ...], error: KVPlanError) -> None:
+        super().__init__(str(error))
+        self.seq = seq
+        self.blocks = blocks
+        self.error = error
+
+
 @dataclass
 class WorkerSide:
     """One worker's elastic cache: applies the scheduler's operations, keeps the figures."""
@@ -470,6 +518,7 @@ class WorkerSide:
             self.seconds["unmap"] += time.perf_counter() - t0
             self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
         blocks = ops.map
+        failed: MapFailed | None = None
         if blocks:
             self.count["map_calls"] += 1
             if self.settings.skip_map == self.count["map_calls"]:  # test-only: break it on purpose
@@ -483,18 +532,40 @@ class WorkerSide:
             before = sum(cache.mapped_chunks.values())
             t0 = time.perf_counter()
             try:
-                cache.ensure_mapped(blocks)
-            except KVPlanError as exc:
+                self._map(blocks)
+            except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
                 self.count["failed_maps"] += 1
-                self.touch()
-                raise refusals.elastic_map_failed(self.label, len(blocks), exc) from exc
+                failed = MapFailed(ops.seq, blocks, exc)
+            else:
+                self.count["maps"] += sum(cache.mapped_chunks.values()) - before
             finally:
                 self.seconds["map"] += time.perf_counter() - t0
-            self.count["maps"] += sum(cache.mapped_chunks.values()) - before
         self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
         self.count["steps"] += 1
         self.state = "running"
         self.touch()
+        if failed is not None:
+            raise failed
+
+    def _map(self, blocks: tuple[int, ...]) -> None:
+        cache = self.cache
+        if self.settings.fail_map != self.count["map_calls"]:
+            cache.ensure_mapped(blocks)
+            return
+        # test-only fault injection: the chunks are mapped, granting access fails, the
+        # transaction rolls them back -- as when the device runs out of memory mid-step
+        from kvplan.executor.backends.faults import FaultyBackend
+
+        logger.warning(
+            "kvplan: %s fails map #%d on purpose (KVPLAN_DEBUG_FAIL_MAP)",
+            self.label, self.count["map_calls"],
+        )  # fmt: skip
+        real = cache.backend
+        cache.backend = FaultyBackend(real, fail_ops={"set_access"})
+        try:
+            cache.ensure_mapped(blocks)
+        finally:
+            cache.backend = real
 
     def touch(self) -> None:
         """Figures changed: keep the peak, wake the reporter (it snapshots on its thread: every
@@ -739,11 +810,84 @@ def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:
     return Ledger(plan, chunk, chunk)
 
 
-def schedule(runtime: Runtime, call: Call) -> Any:
-    """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
+def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -> list[str]:
+    """A worker could not back step ``failed.seq``'s new blocks and rolled its maps back:
+    make that running out of blocks, before vLLM reads the step's output. Returns the ids of
+    the preempted requests.
+
+    * The ledger unbacks exactly those blocks (the worker's state after its rollback).
+    * Suspect blocks: the failed ones, then -- until nothing changes -- every block written
+      since the failed step by a request holding a suspect block (its attention read the
+      scratch page). Requests holding a suspect block are preempted the way vLLM's own
+      ``reset_prefix_cache(reset_running_requests=True)`` does it, dropping the step's output
+      (``drop_stale_output``), and the suspects' prefix-cache entries are evicted, so nothing
+      computed from unbacked memory is ever returned or hit again. Requests that touched no
+      suspect block ran correctly and keep their tokens.
+    * No new memory is mapped for :data:`MAP_RETRY_SECONDS` (the effective limit is what is
+      mapped now): requests wait or are preempted as when vLLM runs out of blocks.
+    """
+    side.ledger.unback(failed.blocks)
+    manager = scheduler.kv_cache_manager
+    sizes = [int(g.kv_cache_spec.block_size) for g in scheduler.kv_cache_config.kv_cache_groups]
+    suspect = {b for b in failed.blocks if b != 0}
+    affected: dict[str, Any] = {}
+    changed = True
+    while changed:
+        changed = False
+        for request in scheduler.running:
+            if request.request_id in affected:
+                continue
+            groups = manager.get_block_ids(request.request_id)
+            if not any(b in suspect for ids in groups for b in ids):
+                continue
+            affected[request.request_id] = request
+            changed = True
+            # tokens computed before the failed step (later steps are in flight, not drained)
+            start = max(0, request.num_computed_tokens - request.num_in_flight_tokens)
+            for g, ids in enumerate(groups):
+                first = start // sizes[g] if len(groups) == len(sizes) else 0
+                suspect.update(b for b in ids[first:] if b != 0)
+    now = time.monotonic()
+    for request in reversed([r for r in scheduler.running if r.request_id in affected]):
+        scheduler.running.remove(request)
+        scheduler._preempt_request(request, now, drop_stale_output=True)
+        scheduler.prev_step_scheduled_req_ids.discard(request.request_id)
+    side.pool.evict_blocks(suspect)
+    side.ceiling = side.ledger.mapped_bytes
+    side.retry_at = now + MAP_RETRY_SECONDS
+    side.dirty = True
+    side.recovered += 1
+    first_problem = failed.error.diagnostics[0].message if failed.error.diagnostics else ""
+    logger.warning(
+        "kvplan: backing %d blocks of step %d failed (%s); its maps were rolled back, %d "
+        "requests that used them are preempted and recomputed, and no new memory is mapped "
+        "for %.1f s (as when vLLM runs out of blocks)",
+        len(failed.blocks), failed.seq, first_problem, len(affected), MAP_RETRY_SECONDS,
+    )  # fmt: skip
+    return list(affected)
+
+
+def update_from_output(runtime: Runtime, call: Call) -> Any:
+    """``Scheduler.update_from_output``: a step whose maps failed becomes out of blocks."""
     scheduler = call.arguments["self"]
+    side = _scheduler_side(scheduler)
+    if side is not None and side.failed:
+        ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+        failed = side.failed.pop(ops.seq, None) if ops is not None else None
+        if failed is not None:
+            recover_failed_map(scheduler, side, failed)
+    return call.run()
+
+
+def _scheduler_side(scheduler: Any) -> SchedulerSide | None:
     pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
     side: SchedulerSide | None = getattr(pool, "_kvplan", None)
+    return side
+
+
+def schedule(runtime: Runtime, call: Call) -> Any:
+    """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
+    side = _scheduler_side(call.arguments["self"])
     if side is None:
         return call.run()
     side.before_schedule()
@@ -765,5 +909,31 @@ def execute_model(runtime: Runtime, call: Call) -> Any:
 
             why = "this worker received elastic operations but bound no elastic KV cache"
             raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
-        side.apply(ops)
+        try:
+            side.apply(ops)
+        except MapFailed as failed:
+            hand_over(runtime, side, ops, failed)
     return call.run()
+
+
+def hand_over(runtime: Runtime, worker: WorkerSide, ops: ElasticOps, failed: MapFailed) -> None:
+    """Give a failed map to this engine's scheduler (it preempts the requests that used the
+    blocks before it reads the step's output; meanwhile unbacked pages read as scratch), or
+    refuse the step with ``KVP532`` when that cannot work."""
+    from kvplan.integrations.vllm import _refusals as refusals
+
+    scheduler = next((s for s in runtime.elastic_sides if s.sent.get(ops.seq) is ops), None)
+    why = None
+    if worker.settings.poison:
+        why = "KVPLAN_POISON=1 makes the unbacked pages fault, so the step cannot run"
+    elif scheduler is None:
+        why = (
+            "the scheduler runs in another process (multiprocess executor, e.g. tensor "
+            "parallelism), which hears only one rank's output"
+        )
+    if why is not None:
+        raise runtime.refuse(
+            refusals.elastic_map_failed(worker.label, len(failed.blocks), failed.error, why)
+        ) from failed.error
+    assert scheduler is not None
+    scheduler.failed[failed.seq] = failed

@@ -319,8 +319,9 @@ def elastic_geometry(label: str, scheduler: str, worker: str) -> KVPlanError:
     )
 
 
-def elastic_map_failed(label: str, blocks: int, exc: KVPlanError) -> KVPlanError:
-    """``KVP532``: backing a step's blocks failed (the step's maps were rolled back)."""
+def elastic_map_failed(label: str, blocks: int, exc: KVPlanError, why: str) -> KVPlanError:
+    """``KVP532``: backing a step's blocks failed (the step's maps were rolled back) and the
+    failure cannot be turned into running out of blocks (``why``)."""
     first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
     return KVPlanError(
         [
@@ -328,7 +329,8 @@ def elastic_map_failed(label: str, blocks: int, exc: KVPlanError) -> KVPlanError
                 Code.ELASTIC_MAP_FAILED,
                 f"{label}.elastic",
                 f"{label} could not back the {blocks} blocks of a step; every map of the step "
-                f"was rolled back and the step is refused (no block runs unbacked): {first}",
+                f"was rolled back and the step is refused, since {why} (no block runs "
+                f"unbacked): {first}",
                 "lower KVPLAN_MEMORY_LIMIT below the memory this device really has free",
             ),
             *exc.diagnostics,

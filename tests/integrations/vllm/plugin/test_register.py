@@ -74,6 +74,7 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
         "vllm.v1.engine.core.generate_scheduler_kv_cache_config",
         "vllm.v1.core.sched.scheduler.Scheduler.__init__",
         "vllm.v1.core.sched.scheduler.Scheduler.schedule",
+        "vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
         "vllm.v1.worker.gpu_worker.Worker.execute_model",
     }
     load_plugin("host-vmm", mode="elastic")

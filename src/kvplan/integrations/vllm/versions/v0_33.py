@@ -225,6 +225,12 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
         elastic.schedule,
     ),
     Target(
+        "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+        ("self", "scheduler_output", "model_runner_output"),
+        ELASTIC, "elastic: a step whose maps failed preempts the requests that used them",
+        elastic.update_from_output, None, ("drop_stale_output", "num_stale_output_tokens"),
+    ),
+    Target(
         "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
         ELASTIC, "elastic: every rank maps the step's blocks before vLLM runs it",
         elastic.execute_model, None, ("execute_model",),
