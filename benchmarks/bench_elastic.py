@@ -83,6 +83,52 @@ def micro(steps: int) -> float:
     return statistics.median(samples)
 
 
+def admission(num_blocks: int) -> dict[str, float]:
+    """µs per ``get_num_free_blocks()`` on vLLM's real ``BlockPool`` of ``num_blocks`` blocks,
+    a quarter in use, vanilla vs elastic under a binding limit (half the reservation): with
+    host-vmm's 4 KiB chunks (a uniform block cost: arithmetic) and with 2 MiB chunks (blocks
+    share chunks: the free-queue walk, then its memo until the pool changes)."""
+    from tests import _builders as builders
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm import _elastic as elastic
+    from kvplan.planner import build_plan
+    from kvplan.schemas.input import InputDocument
+
+    plan, _ = build_plan(InputDocument.model_validate(builders.llama(num_blocks=num_blocks)))
+    assert plan is not None
+
+    def timed(pool: Any, calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            pool.get_num_free_blocks()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    out: dict[str, float] = {}
+    vanilla = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
+    vanilla.get_new_blocks(num_blocks // 4)
+    out["vanilla"] = timed(vanilla, 2000)
+    for label, chunk in (("4 KiB chunks", 4096), ("2 MiB chunks", 1 << 21)):
+        ledger = Ledger(plan, chunk)
+        pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
+        limit = elastic.ElasticSettings(limit=ledger.reserved_bytes // 2)
+        side = elastic.SchedulerSide(ledger, limit, pool, None)
+        elastic.make_elastic(pool, side)
+        pool.get_new_blocks(num_blocks // 4)
+        assert side.tight()
+        if ledger.uniform_block_cost is not None:
+            out[label] = timed(pool, 2000)
+            continue
+        misses = []
+        for _ in range(5):
+            side.changed()
+            misses.append(timed(pool, 1))
+        out[f"{label}, pool changed"] = statistics.median(misses)
+        out[f"{label}, unchanged"] = timed(pool, 2000)
+    return out
+
+
 def engines(rounds: int, tokens: int) -> dict[str, float]:
     from tests.engine import cases, harness
     from tests.engine._models import write_model
@@ -129,6 +175,12 @@ def main() -> int:
     args = parser.parse_args()
     us = micro(args.steps)
     print(f"per-step cost, nothing new mapped: {us:.2f} µs (schedule + execute_model handlers)")
+    for blocks in (16384, 100000):
+        costs = admission(blocks)
+        print(
+            f"get_num_free_blocks(), {blocks} blocks, limit binding: "
+            + ", ".join(f"{k} {v:.1f} µs" for k, v in costs.items())
+        )
     if args.micro_only:
         return 0
     medians = engines(args.rounds, args.tokens)

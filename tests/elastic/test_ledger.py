@@ -149,3 +149,29 @@ def test_trim_under_a_lowered_limit_gives_back_cache_and_reserve() -> None:
     result = trim(ledger, free, limit=null_pair, cache_limit=10**9, reserve=10**9)
     assert ledger.mapped_bytes == null_pair  # block 1 is in use with the null block's pages
     assert set(result.evict) == {2, 4} and set(result.unback) == {2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("chunk", [PAGE, 4 * PAGE, 1 << 21])
+def test_uniform_block_cost_is_exact_when_it_is_given(layout: str, chunk: int) -> None:
+    """When the ledger claims every block costs the same and owns its chunks, the page index
+    agrees for every block; the cost bound is never below a real block's cost."""
+    ledger = Ledger(plan_of(LAYOUTS[layout]()), chunk)
+    index = PageIndex(ledger.plan)
+    costs = {b: union_bytes(ledger, {b}) for b in range(ledger.num_blocks)}
+    assert max(costs.values()) <= ledger.max_block_cost
+    cost = ledger.uniform_block_cost
+    if cost is None:
+        return
+    assert set(costs.values()) == {cost}
+    seen: dict[tuple[str, int], int] = {}
+    for b in range(ledger.num_blocks):
+        for pool, ids in index.block_chunks(b, chunk).items():
+            for c in ids:
+                assert seen.setdefault((pool, c), b) == b  # no chunk has two blocks
+
+
+def test_uniform_block_cost_where_it_applies_and_where_it_does_not() -> None:
+    llama = plan_of(LAYOUTS["llama"]())
+    assert Ledger(llama, PAGE).uniform_block_cost == 4 * PAGE  # 4 layers, 4 KiB pages
+    assert Ledger(llama, 1 << 21).uniform_block_cost is None  # 2 MiB: blocks share chunks

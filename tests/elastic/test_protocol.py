@@ -22,7 +22,7 @@ from kvplan.integrations.vllm._elastic import (
     make_elastic,
     read_elastic_settings,
 )
-from kvplan.schemas.errors import Code, KVPlanError
+from kvplan.schemas.errors import Code, KVPlanError, error
 from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
@@ -223,8 +223,12 @@ def test_debug_skip_map_leaves_one_block_unbacked() -> None:
             {"reserve": 64 << 20, "skip_map": 3, "fail_map": None},
         ),
         (
-            {"KVPLAN_DEBUG_FAIL_MAP": "2"},
-            {"skip_map": None, "fail_map": 2},
+            {"KVPLAN_DEBUG_FAIL_MAP": "2", "KVPLAN_MAP_RETRY": "0"},
+            {"skip_map": None, "fail_map": 2, "map_retry": 0.0},
+        ),
+        (
+            {"KVPLAN_MAP_RETRY": "2.5s"},
+            {"map_retry": 2.5},
         ),
     ],
 )
@@ -244,6 +248,10 @@ def test_settings(env: dict[str, str], fields: dict[str, Any]) -> None:
         {"KVPLAN_POISON": "maybe"},
         {"KVPLAN_DEBUG_SKIP_MAP": "first"},
         {"KVPLAN_DEBUG_FAIL_MAP": "0"},
+        {"KVPLAN_MAP_RETRY": "-1"},
+        {"KVPLAN_MAP_RETRY": "nan"},
+        {"KVPLAN_MAP_RETRY": "1e9"},
+        {"KVPLAN_MAP_RETRY": "soon"},
     ],
 )
 def test_bad_settings_are_refused(env: dict[str, str]) -> None:
@@ -263,3 +271,115 @@ def test_default_limits() -> None:
         64 << 20,
         10 << 20,
     )
+
+
+@pytest.mark.parametrize("chunk", [PAGE, 4 * PAGE])
+@pytest.mark.parametrize("seed", range(4))
+def test_free_count_is_the_walk_it_shortcuts(chunk: int, seed: int) -> None:
+    """Random allocations, frees, prefix hits, trims and limits on vLLM's pool: what the
+    elastic pool reports free is always what the greedy walk over the free queue admits
+    (O(1) with a uniform block cost, memoised otherwise), and vLLM can always take it."""
+    import random
+
+    from kvplan.elastic.ledger import admit
+
+    rng = random.Random(seed)
+    plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
+    ledger = Ledger(plan, chunk, chunk)
+    assert (ledger.uniform_block_cost is None) == (chunk != PAGE)  # 4 blocks share a chunk
+    pool = _pool()
+    full = ledger.full_cost(1)
+    side = SchedulerSide(ledger, ElasticSettings(limit=16 * full, reserve=0), pool, None)
+    make_elastic(pool, side)
+    held: list[Any] = []
+    tight = 0
+    for step in range(200):
+        side.before_schedule()
+        side.ops()
+        exact = len(admit(ledger, side.free_ids(), max(0, side.headroom())))
+        count = pool.get_num_free_blocks()
+        assert count == (exact if side.tight() else pool.free_block_queue.num_free_blocks)
+        tight += side.tight() and 0 < count < pool.free_block_queue.num_free_blocks
+        action = rng.random()
+        if action < 0.45 and count:
+            got = pool.get_new_blocks(rng.randint(1, min(count, 4)))
+            if rng.random() < 0.5:
+                _cache(pool, got[0], step % 200)
+            held.extend(got)
+        elif action < 0.8 and held:
+            rng.shuffle(held)
+            n = rng.randint(1, len(held))
+            pool.free_blocks(held[:n])
+            held = held[n:]
+        elif action < 0.9:
+            side.limit = rng.choice([3, 5, 8, 16, 64]) * full
+            side.cache_limit = rng.choice([0, 2 * full, 1 << 30])
+            side.changed()
+        else:
+            cached = [b for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash]
+            if cached:
+                pool.touch([cached[0]])  # a prefix hit
+                held.append(cached[0])
+    assert tight > 20  # the limit bound often enough for the walk to matter
+
+
+def test_reset_prefix_cache_works_under_a_binding_limit() -> None:
+    """vLLM resets the prefix cache only when every block but the null one is free; a binding
+    limit makes fewer blocks count as free, which must not make the reset fail."""
+    pool, side, _ = _side(blocks=4, cache=1 << 30)
+    got = pool.get_new_blocks(3)
+    _cache(pool, got[0], 1)
+    pool.free_blocks(got)
+    assert side.tight() and pool.get_num_free_blocks() < NUM_BLOCKS - 1
+    assert pool.reset_prefix_cache()
+    assert got[0].block_hash is None
+
+
+class _Runtime:
+    """The two things :func:`elastic.hand_over` uses of the plugin's runtime."""
+
+    def __init__(self, *sides: SchedulerSide) -> None:
+        self.elastic_sides = list(sides)
+        self.refused = 0
+
+    def refuse(self, exc: KVPlanError) -> KVPlanError:
+        self.refused += 1
+        return exc
+
+
+def _failure(worker: WorkerSide, ops: ElasticOps) -> elastic.MapFailed:
+    problem = KVPlanError(error(Code.DRIVER_CALL_FAILED, "pools.kv", "out of memory", "-"))
+    return elastic.MapFailed(ops.seq, ops.map, problem)
+
+
+def test_a_failed_map_goes_to_the_scheduler_that_sent_the_step() -> None:
+    pool, side, _ = _side()
+    pool.get_new_blocks(2)
+    ops = side.ops()
+    assert ops is not None
+    worker = _worker()
+    with worker.cache:
+        runtime = _Runtime(side)
+        elastic.hand_over(runtime, worker, ops, _failure(worker, ops))  # type: ignore[arg-type]
+        assert side.failed[ops.seq].blocks == ops.map and runtime.refused == 0
+
+
+@pytest.mark.parametrize("why", ["poison", "other process"])
+def test_a_failed_map_that_cannot_be_recovered_refuses_the_step(why: str) -> None:
+    pool, side, _ = _side()
+    pool.get_new_blocks(2)
+    ops = side.ops()
+    assert ops is not None
+    worker = _worker(ElasticSettings(poison=why == "poison"))
+    with worker.cache:
+        # another process: the worker holds an unpickled copy, not the object its scheduler sent
+        sent = pickle.loads(pickle.dumps(ops)) if why == "other process" else ops
+        runtime = _Runtime(side)
+        with pytest.raises(KVPlanError) as refused:
+            elastic.hand_over(runtime, worker, sent, _failure(worker, sent))  # type: ignore[arg-type]
+        assert refused.value.code is Code.ELASTIC_MAP_FAILED and runtime.refused == 1
+        text = refused.value.diagnostics[0].message
+        assert ("KVPLAN_POISON" in text) == (why == "poison")
+        assert ("another process" in text) == (why == "other process")
+        assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
+        assert not side.failed

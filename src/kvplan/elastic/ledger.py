@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from kvplan.planner.page_index import PageIndex
+from kvplan.planner.page_index import PageIndex, merge_ranges
 from kvplan.schemas.plan import BindingPlan
 
 Chunk = tuple[int, int]
@@ -76,6 +77,61 @@ class Ledger:
             )
             self._chunks[block] = found
         return found
+
+    def full_cost(self, block: int) -> int:
+        """Bytes of every chunk ``block`` touches (mapped or not)."""
+        return sum(self.chunk_size(c) for c in self.chunks(block))
+
+    @cached_property
+    def uniform_block_cost(self) -> int | None:
+        """What backing any one block maps, when that is the same for every block and no two
+        blocks share a chunk; ``None`` otherwise.
+
+        Then admission is arithmetic: ``n`` unbacked blocks cost exactly ``n`` times this. The
+        page index is affine in the block id (each view's rows shift by ``ratio * row_stride``
+        per block), so it suffices that every view's per-block shift and its block-0 byte
+        runs are chunk-aligned, that no view spans whole pools, and that every pool has the
+        same block count (host-vmm's 4 KiB chunks under page-multiple layouts; not cuda-vmm's
+        2 MiB chunks under 64 KiB pages, where neighbouring blocks share chunks).
+        """
+        chunk = self.chunk_bytes
+        if any(p.num_blocks != self.num_blocks for p in self.plan.pools if p.size_bytes):
+            return None
+        for vr in self.index.views:
+            if vr.whole:
+                if vr.template:
+                    return None
+                continue
+            if (vr.ratio * vr.row_stride) % chunk:
+                return None
+            runs = [
+                (vr.base + r * vr.row_stride + lo, vr.base + r * vr.row_stride + hi)
+                for r in range(min(vr.ratio, vr.rows))
+                for lo, hi in vr.template
+            ]
+            if any(lo % chunk or hi % chunk for lo, hi in merge_ranges(runs)):
+                return None
+        if self.num_blocks < 2:
+            return None
+        first, last = (self.full_cost(b) for b in (1, self.num_blocks - 1))
+        return first if first == last and first > 0 else None
+
+    @cached_property
+    def max_block_cost(self) -> int:
+        """An upper bound of what backing one block maps (every chunk its pages can touch)."""
+        chunk = self.chunk_bytes
+        bound = 0
+        for vr in self.index.views:
+            if vr.whole:
+                bound += sum((-(-(hi - lo) // chunk) + 1) * chunk for lo, hi in vr.template)
+                continue
+            runs = [
+                (r * vr.row_stride + lo, r * vr.row_stride + hi)
+                for r in range(min(vr.ratio, vr.rows))
+                for lo, hi in vr.template
+            ]
+            bound += sum((-(-(hi - lo) // chunk) + 1) * chunk for lo, hi in merge_ranges(runs))
+        return bound
 
     @property
     def total_chunk_bytes(self) -> int:

@@ -52,6 +52,7 @@ ENV_RESERVE = "KVPLAN_RESERVE"
 ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
+ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
 
 OPS_ATTR = "kvplan_elastic"
 """The ``SchedulerOutput`` attribute that carries a step's :class:`ElasticOps`."""
@@ -75,8 +76,10 @@ SAMPLED_BLOCKS = 64
 SENT_KEPT = 8
 """Operations a scheduler remembers (steps in flight are at most two with async scheduling)."""
 MAP_RETRY_SECONDS = 1.0
-"""After a failed map, no new memory is mapped for this long (the blocks already backed are
-all the engine gets, as if the limit were what is mapped), then mapping is tried again."""
+"""Default ``KVPLAN_MAP_RETRY``: after a failed map, no new memory is mapped for this long
+(the blocks already backed are all the engine gets, as if the limit were what is mapped),
+then mapping is tried again."""
+MAP_RETRY_MAX = 3600.0
 
 
 # -- settings -----------------------------------------------------------------------------
@@ -96,6 +99,8 @@ class ElasticSettings:
     """Test-only negative control: drop one block from the N-th map (1-based)."""
     fail_map: int | None = None
     """Test-only fault injection: the N-th map (1-based) fails after mapping its chunks."""
+    map_retry: float = MAP_RETRY_SECONDS
+    """Seconds without new mappings after a failed map (0: try again at the next step)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +110,7 @@ class ElasticSettings:
             "poison": self.poison,
             "debug_skip_map": self.skip_map,
             "debug_fail_map": self.fail_map,
+            "map_retry": self.map_retry,
         }
 
 
@@ -158,7 +164,31 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     poison = poison_raw in ("1", "true", "yes", "on")
-    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail), problems
+    retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
+    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail, retry), problems
+
+
+def _seconds(
+    env: Mapping[str, str], name: str, default: float, most: float, problems: list[Diagnostic]
+) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if 0 <= value <= most:  # also refuses nan and inf
+        return value
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            name,
+            f"{name}={raw[:40]!r} is not a number of seconds between 0 and {most:g}.",
+            f"write e.g. {name}=1 or {name}=0.5s, or unset it (default {default:g})",
+        )
+    )
+    return default
 
 
 def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
@@ -277,6 +307,11 @@ class SchedulerSide:
         self.retry_at = 0.0
         self.recovered = 0
         """Failed maps turned into preemptions (see :func:`recover_failed_map`)."""
+        self.version = 0
+        """Bumped whenever vLLM's pool changes (see :class:`_ElasticPool`)."""
+        self.plain_count = False
+        """Count free blocks as vLLM does (while vLLM checks that every block is free)."""
+        self._counted: tuple[tuple[int, ...], int] | None = None
         self.sent: dict[int, ElasticOps] = {}
         """The last few operations sent, by ``seq``: a worker in this process finds its
         scheduler by identity (a worker in another process holds an unpickled copy)."""
@@ -298,11 +333,34 @@ class SchedulerSide:
         return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
 
     def free_count(self, vanilla: int) -> int:
-        if not self.tight():
-            return vanilla
-        from kvplan.elastic.ledger import admit
+        """What ``get_num_free_blocks()`` says: the free blocks that can be backed within the
+        limit, as :func:`~kvplan.elastic.ledger.admit` would take them in vLLM's free-queue
+        order (``vanilla``: vLLM's own count).
 
-        return len(admit(self.ledger, self.free_ids(), self.headroom()))
+        O(1) unless blocks share chunks *and* the limit binds: every block in use is backed,
+        so the free backed blocks are counted from the ledger; with a
+        :attr:`~kvplan.elastic.ledger.Ledger.uniform_block_cost` the unbacked ones that fit are
+        arithmetic, and when even the worst case fits they all do. Only otherwise does it walk
+        the free queue, at most once per change of the pool (the result is kept until a block
+        is handed out, freed, hit, evicted, backed or unbacked, or the limit moves).
+        """
+        if self.plain_count or not self.tight():
+            return vanilla
+        ledger = self.ledger
+        backed_free = max(0, len(ledger.backed) - (self.pool.num_gpu_blocks - vanilla))
+        unbacked = vanilla - backed_free
+        headroom = max(0, self.headroom())
+        cost = ledger.uniform_block_cost
+        if cost is not None:
+            return backed_free + min(unbacked, headroom // cost)
+        if headroom >= unbacked * ledger.max_block_cost:
+            return vanilla
+        key = (self.version, vanilla, len(ledger.backed), ledger.mapped_bytes, headroom)
+        if self._counted is None or self._counted[0] != key:
+            from kvplan.elastic.ledger import admit
+
+            self._counted = (key, len(admit(ledger, self.free_ids(), headroom)))
+        return self._counted[1]
 
     def choose(self, wanted: int) -> list[int]:
         from kvplan.elastic.ledger import admit
@@ -311,6 +369,12 @@ class SchedulerSide:
 
     def backed(self, block_ids: list[int]) -> None:
         self.pending_map.extend(self.ledger.back(block_ids))
+        self.changed()
+
+    def changed(self) -> None:
+        """vLLM's pool changed: give memory back before the next step, count free blocks anew."""
+        self.dirty = True
+        self.version += 1
 
     # -- between steps --------------------------------------------------------------------
     def poll_limit(self) -> None:
@@ -441,15 +505,26 @@ class _ElasticPool:
 
     def free_blocks(self, ordered_blocks: Any) -> None:
         super().free_blocks(ordered_blocks)  # type: ignore[misc]
-        self._kvplan.dirty = True
+        self._kvplan.changed()
+
+    def touch(self, blocks: Any) -> None:
+        super().touch(blocks)  # type: ignore[misc]
+        self._kvplan.changed()
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         super().evict_blocks(block_ids)  # type: ignore[misc]
-        self._kvplan.dirty = True
+        self._kvplan.changed()
 
     def reset_prefix_cache(self) -> bool:
-        done: bool = super().reset_prefix_cache()  # type: ignore[misc]
-        self._kvplan.dirty = True
+        # vLLM resets only when every block but the null block is free: count them as vLLM
+        # does (under a binding limit the elastic count is smaller, and the reset would fail)
+        side = self._kvplan
+        side.plain_count = True
+        try:
+            done: bool = super().reset_prefix_cache()  # type: ignore[misc]
+        finally:
+            side.plain_count = False
+        side.changed()
         return done
 
 
@@ -823,7 +898,7 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
       (``drop_stale_output``), and the suspects' prefix-cache entries are evicted, so nothing
       computed from unbacked memory is ever returned or hit again. Requests that touched no
       suspect block ran correctly and keep their tokens.
-    * No new memory is mapped for :data:`MAP_RETRY_SECONDS` (the effective limit is what is
+    * No new memory is mapped for ``KVPLAN_MAP_RETRY`` seconds (the effective limit is what is
       mapped now): requests wait or are preempted as when vLLM runs out of blocks.
     """
     side.ledger.unback(failed.blocks)
@@ -854,7 +929,7 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
         scheduler.prev_step_scheduled_req_ids.discard(request.request_id)
     side.pool.evict_blocks(suspect)
     side.ceiling = side.ledger.mapped_bytes
-    side.retry_at = now + MAP_RETRY_SECONDS
+    side.retry_at = now + side.settings.map_retry
     side.dirty = True
     side.recovered += 1
     first_problem = failed.error.diagnostics[0].message if failed.error.diagnostics else ""
@@ -862,7 +937,7 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
         "kvplan: backing %d blocks of step %d failed (%s); its maps were rolled back, %d "
         "requests that used them are preempted and recomputed, and no new memory is mapped "
         "for %.1f s (as when vLLM runs out of blocks)",
-        len(failed.blocks), failed.seq, first_problem, len(affected), MAP_RETRY_SECONDS,
+        len(failed.blocks), failed.seq, first_problem, len(affected), side.settings.map_retry,
     )  # fmt: skip
     return list(affected)
 
