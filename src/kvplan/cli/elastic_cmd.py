@@ -151,6 +151,7 @@ def _table(stats: list[tuple[Path, ElasticStats]], directory: Path, now: float) 
         "cached",
         "maps",
         "unmaps",
+        "failed",
         "map time",
         "age",
     ):
@@ -168,6 +169,7 @@ def _table(stats: list[tuple[Path, ElasticStats]], directory: Path, now: float) 
             cell(f"{s.cached_blocks:,}"),
             cell(f"{s.maps:,}"),
             cell(f"{s.unmaps:,}"),
+            cell(f"{s.failed_maps:,}"),
             cell(f"{s.map_seconds * 1e3:,.1f} ms"),
             _age(s, now),
         )
