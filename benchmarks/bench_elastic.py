@@ -93,8 +93,9 @@ def micro(steps: int) -> float:
 
 
 def admission(num_blocks: int) -> dict[str, float]:
-    """µs per ``get_num_free_blocks()`` on vLLM's real ``BlockPool`` of ``num_blocks`` blocks,
-    a quarter in use, vanilla vs elastic under a binding limit (half the reservation): with
+    """µs per ``get_num_free_blocks()`` (and per ``get_new_blocks(1)`` + ``free_blocks``) on
+    vLLM's real ``BlockPool`` of ``num_blocks`` blocks, a quarter in use, vanilla vs elastic
+    under a binding limit (half the reservation): with
     host-vmm's 4 KiB chunks (a uniform block cost: arithmetic) and with 2 MiB chunks (blocks
     share chunks: the free-queue walk, then its memo until the pool changes)."""
     from tests import _builders as builders
@@ -114,10 +115,17 @@ def admission(num_blocks: int) -> dict[str, float]:
             pool.get_num_free_blocks()
         return (time.perf_counter() - t0) / calls * 1e6
 
+    def allocation(pool: Any, calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            pool.free_blocks(pool.get_new_blocks(1))
+        return (time.perf_counter() - t0) / calls * 1e6
+
     out: dict[str, float] = {}
     vanilla = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
     vanilla.get_new_blocks(num_blocks // 4)
     out["vanilla"] = timed(vanilla, 2000)
+    out["vanilla get_new_blocks(1)+free"] = allocation(vanilla, 200)
     for label, chunk in (("4 KiB chunks", 4096), ("2 MiB chunks", 1 << 21)):
         ledger = Ledger(plan, chunk)
         pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
@@ -126,6 +134,7 @@ def admission(num_blocks: int) -> dict[str, float]:
         elastic.make_elastic(pool, side)
         pool.get_new_blocks(num_blocks // 4)
         assert side.tight()
+        out[f"{label} get_new_blocks(1)+free"] = allocation(pool, 200)
         if ledger.uniform_block_cost is not None:
             out[label] = timed(pool, 2000)
             continue
@@ -187,7 +196,7 @@ def main() -> int:
     for blocks in (16384, 100000):
         costs = admission(blocks)
         print(
-            f"get_num_free_blocks(), {blocks} blocks, limit binding: "
+            f"admission, {blocks} blocks, limit binding (µs per call): "
             + ", ".join(f"{k} {v:.1f} µs" for k, v in costs.items())
         )
     if args.micro_only:

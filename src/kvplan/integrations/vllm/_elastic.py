@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -309,7 +309,8 @@ class SchedulerSide:
         self.version = 0
         """Bumped whenever vLLM's pool changes (see :class:`_ElasticPool`)."""
         self.plain_count = False
-        """Count free blocks as vLLM does (while vLLM checks that every block is free)."""
+        """Count free blocks as vLLM does: while vLLM checks that every block is free, and
+        while it takes blocks already chosen within the limit."""
         self._counted: tuple[tuple[int, ...], int] | None = None
         self.sent: dict[int, ElasticOps] = {}
         """The last few operations sent, by ``seq``: a worker in this process finds its
@@ -328,8 +329,17 @@ class SchedulerSide:
     def headroom(self) -> int:
         return self.effective_limit() - self.ledger.mapped_bytes
 
-    def free_ids(self) -> list[int]:
-        return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
+    def free_ids(self) -> Iterator[int]:
+        """vLLM's free queue, front first, read lazily (a walk that stops early reads only the
+        front); through its public list when the queue's links are not there."""
+        queue = self.pool.free_block_queue
+        block = getattr(getattr(queue, "fake_free_list_head", None), "next_free_block", None)
+        if block is None:
+            yield from (b.block_id for b in queue.get_all_free_blocks())
+            return
+        while block.next_free_block is not None:  # the fake tail has no next block
+            yield block.block_id
+            block = block.next_free_block
 
     def free_count(self, vanilla: int) -> int:
         """What ``get_num_free_blocks()`` says: the free blocks that can be backed within the
@@ -492,15 +502,22 @@ class _ElasticPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[Any]:
         side = self._kvplan
+        found = False
         if side.tight():
             chosen = side.choose(num_blocks)
-            if len(chosen) >= num_blocks:  # else vLLM raises as when it runs out
+            found = len(chosen) >= num_blocks  # else vLLM raises as when it runs out
+            if found:
                 queue = self.free_block_queue  # type: ignore[attr-defined]
                 picked = [self.blocks[b] for b in chosen]  # type: ignore[attr-defined]
                 for block in picked:
                     queue.remove(block)
                 queue.prepend_n(picked)  # vLLM pops exactly these
-        got: list[Any] = super().get_new_blocks(num_blocks)  # type: ignore[misc]
+        # the blocks are found: vLLM's own "enough free blocks?" check needs no second count
+        side.plain_count = found
+        try:
+            got: list[Any] = super().get_new_blocks(num_blocks)  # type: ignore[misc]
+        finally:
+            side.plain_count = False
         side.backed([b.block_id for b in got])
         return got
 
