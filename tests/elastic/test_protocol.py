@@ -383,3 +383,20 @@ def test_a_failed_map_that_cannot_be_recovered_refuses_the_step(why: str) -> Non
         assert ("another process" in text) == (why == "other process")
         assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
         assert not side.failed
+
+
+def test_free_ids_follow_vllms_queue_lazily() -> None:
+    pool, side, _ = _side(blocks=8)
+    got = pool.get_new_blocks(5)
+    pool.free_blocks(got[1:3])
+    expected = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    assert list(side.free_ids()) == expected  # front first, freed blocks at the back
+    walk = side.free_ids()
+    assert [next(walk), next(walk)] == expected[:2]  # read only as far as asked
+
+    class Listed:  # a queue without the links: its public list is used
+        def get_all_free_blocks(self) -> list[Any]:
+            return pool.free_block_queue.get_all_free_blocks()
+
+    side.pool = type("Pool", (), {"free_block_queue": Listed()})()
+    assert list(side.free_ids()) == expected
