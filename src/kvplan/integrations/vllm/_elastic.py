@@ -150,19 +150,13 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
         )
     cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
     reserve = _size(env, ENV_RESERVE, problems)
-    poison_raw = env.get(ENV_POISON, "").strip().lower()
-    if poison_raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        problems.append(
-            error(
-                Code.INTEGRATION,
-                ENV_POISON,
-                f"{ENV_POISON}={env.get(ENV_POISON)!r} is neither on nor off.",
-                f"set {ENV_POISON}=1 or {ENV_POISON}=0",
-            )
-        )
+    from kvplan.integrations.vllm._patch_settings import flag  # it imports this module
+
+    poison, bad_poison = flag(env, ENV_POISON)
+    if bad_poison is not None:
+        problems.append(bad_poison)
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
-    poison = poison_raw in ("1", "true", "yes", "on")
     retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
     return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail, retry), problems
 
