@@ -5,6 +5,7 @@ Pure integer arithmetic on :class:`~kvplan.schemas.plan.BindingPlan`; no drawing
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass, field
@@ -99,6 +100,15 @@ def _is_layer_outermost(view: View) -> bool:
     return len(view.stride) >= 2 and all(view.stride[0] >= s for s in view.stride[1:])
 
 
+def block_tokens(view: View) -> int | None:
+    """Tokens one block of a ``[B, H, N, C]`` attention view holds (``N``); ``None`` for Mamba
+    state, other shapes, and plans whose views are not vLLM 0.33's logical shape."""
+    kind = view.spec_kind
+    if len(view.shape) != 4 or (kind is not None and kind.is_mamba) or view.shape[2] <= 0:
+        return None
+    return view.shape[2]
+
+
 def bytes_per_token(view: View) -> float | None:
     """Page bytes ÷ states per block for a ``[B, H, N, C]`` attention view; ``None`` otherwise."""
     kind = view.spec_kind
@@ -178,9 +188,9 @@ def zoom(views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: 
         else:
             segments.append(Segment(chunk.start, chunk.end, [chunk], stride))
     for seg in segments:  # trailing padding of the last block up to the next block's start
-        nxt = next((f for f in fences if f >= seg.end), None)
-        if nxt is not None and 0 < nxt - seg.end < seg.reach:
-            seg.end = nxt
+        at = bisect.bisect_left(fences, seg.end)
+        if at < len(fences) and 0 < fences[at] - seg.end < seg.reach:
+            seg.end = fences[at]
     shown = segments[:max_segments]
     hidden_chunks = sum(len(s.chunks) for s in segments[max_segments:])
     kept: list[Segment] = []
@@ -228,8 +238,14 @@ class Memory:
         return self.shared_per_token / total if total else 0.0
 
 
+def is_logical(plan: BindingPlan) -> bool:
+    """Whether the plan's views are vLLM 0.33's logical ``[B, H, N, C]`` (a KVCacheLayout);
+    the legacy strategies' backend shapes do not say tokens per block."""
+    return plan.source.layout in KVCacheLayout.__members__
+
+
 def memory(plan: BindingPlan) -> Memory:
-    logical = plan.source.layout in KVCacheLayout.__members__
+    logical = is_logical(plan)
     per_token = sum(bytes_per_token(v) or 0.0 for v in plan.views)
     shared = 0.0
     for alias in plan.aliases:
