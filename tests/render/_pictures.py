@@ -51,6 +51,50 @@ def with_layout(document: dict[str, Any], layout: str) -> dict[str, Any]:
     return out
 
 
+def gemma_input() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((GEMMA / "input.json").read_text())
+    return data
+
+
+def with_blocks(document: dict[str, Any], num_blocks: int) -> dict[str, Any]:
+    """``document`` (layer-outermost) with ``num_blocks`` blocks, each tensor resized to it."""
+    out = copy.deepcopy(document)
+    config = out["kv_cache_config"]
+    config["num_blocks"] = num_blocks
+    for tensor in config["kv_cache_tensors"]:
+        page = tensor["block_stride"]
+        tensor["layer_stride"] = page * num_blocks
+        tensor["size"] = page * num_blocks * len(tensor["layers"])
+    return out
+
+
+def with_sharers_into(document: dict[str, Any], targets: dict[str, str]) -> dict[str, Any]:
+    """``document`` with every sharer of ``old`` target bound to ``targets[old]`` instead."""
+    out = copy.deepcopy(document)
+    shared = out["shared_kv_cache_layers"]
+    for sharer, target in shared.items():
+        shared[sharer] = targets.get(target, target)
+    return out
+
+
+def gemma_layer(i: int) -> str:
+    return f"language_model.model.layers.{i}.self_attn.attn"
+
+
+def small_gemma_plan() -> BindingPlan:
+    """The golden gemma-4-E2B input at 8,192 blocks (a 768 MiB pool, as on a small machine)."""
+    return make_plan(parse_input(with_blocks(gemma_input(), 8192), "gemma-4-E2B 8192 blocks"))
+
+
+def sharers_into_first_slot_plan() -> BindingPlan:
+    """gemma-4-E2B with its sharers reading L0 and L4 (the first slot): the arrow into L0 runs
+    up through the rows of L1…L4, whose labels sit in the same slot."""
+    doc = with_sharers_into(
+        gemma_input(), {gemma_layer(13): gemma_layer(0), gemma_layer(14): gemma_layer(4)}
+    )
+    return make_plan(parse_input(doc, "gemma-4-E2B sharers into L0 and L4"))
+
+
 def gemma_blhnc_plan() -> BindingPlan:
     document = json.loads((GEMMA / "input.json").read_text())
     return make_plan(parse_input(with_layout(document, "BLHNC"), "gemma-4-E2B BLHNC"))

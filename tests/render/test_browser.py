@@ -1,12 +1,26 @@
-"""The pages as a reader sees them: rendered by headless Chromium (one page per kind)."""
+"""The pages as a reader sees them: rendered by headless Chromium (one page per kind), and laid
+out with Chromium's real font metrics to check what the picture says: each sharer arrow ends
+inside its target's stripe, no arrow crosses a label, every zoom chip names its layer, no label
+spills out of its shape."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from kvplan.render import diff_page, plan_page
-from tests.render._browser import drawn_rows, dump_dom, png_rows, screenshot
-from tests.render._pictures import gemma_blhnc_plan, gemma_plan
+from kvplan.render._geometry import short
+from tests.render._browser import drawn_rows, dump_dom, measure, png_rows, screenshot
+from tests.render._pictures import (
+    gemma_blhnc_plan,
+    gemma_plan,
+    sharers_into_first_slot_plan,
+    small_gemma_plan,
+)
 from tests.render.test_render import names_in
 
 
@@ -41,3 +55,118 @@ def test_diff_page_renders_both_plans(chromium: str, tmp_path: Path) -> None:
     assert drawn_rows(png) > 0.3
     assert names_in(dom, a) == [] and names_in(dom, b) == []
     assert "field-level changes" in dom
+
+
+# -- geometry, measured in the browser -----------------------------------------------------
+
+PAGES: dict[str, Callable[[], str]] = {
+    "gemma": lambda: plan_page(gemma_plan()),
+    "gemma-blhnc": lambda: plan_page(gemma_blhnc_plan()),
+    "gemma-blhnc-narrow": lambda: plan_page(gemma_blhnc_plan(), width=400),
+    "gemma-diff": lambda: diff_page(gemma_plan(), gemma_blhnc_plan()),
+    "small-gemma": lambda: plan_page(small_gemma_plan()),
+    "sharers-into-L0": lambda: plan_page(sharers_into_first_slot_plan()),
+    "sharers-into-L0-narrow": lambda: plan_page(sharers_into_first_slot_plan(), width=560),
+}
+Box = list[float]
+
+
+@pytest.fixture(scope="module")
+def measured(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("measured")
+    out = {}
+    for name, page in PAGES.items():
+        folder = tmp / name
+        folder.mkdir()
+        out[name] = measure(chromium, page(), folder)
+    return out
+
+
+def _points(svg: dict[str, Any], d: str, step: float = 1.0) -> list[tuple[float, float]]:
+    """Points every ``step`` px along an arrow path (``M x,y V y H x L x,y …``), page pixels."""
+    ox, oy = svg["origin"]
+    x = y = 0.0
+    out: list[tuple[float, float]] = []
+    for op, args in re.findall(r"([MVHL])([^MVHL]*)", d):
+        numbers = [float(n) for n in args.replace(",", " ").split()]
+        nx, ny = (numbers[0], numbers[1]) if op in "ML" else (x, y)
+        if op == "V":
+            ny = numbers[0]
+        if op == "H":
+            nx = numbers[0]
+        if op != "M":
+            n = max(int(max(abs(nx - x), abs(ny - y)) / step), 1)
+            out += [(ox + x + (nx - x) * k / n, oy + y + (ny - y) * k / n) for k in range(n + 1)]
+        x, y = nx, ny
+    return out
+
+
+def _inside(point: tuple[float, float], box: Box, grow: float = 0.0) -> bool:
+    return box[0] - grow <= point[0] <= box[2] + grow and box[1] - grow <= point[1] <= box[3] + grow
+
+
+def _bands(measured: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [s for s in measured[name]["svgs"] if s["label"].startswith("pool ")]
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_every_arrow_ends_inside_its_targets_stripe(measured: dict[str, Any], name: str) -> None:
+    arrows = [a for band in _bands(measured, name) for a in band["arrows"]]
+    assert arrows
+    for arrow in arrows:
+        targets = arrow["title"].split(" → ", 1)[1].removesuffix(" …").split(", ")
+        for probe in ("at_tip", "at_head_base"):  # the head's tip and its base
+            under = arrow[probe]
+            assert under, (name, arrow["d"], probe)
+            topmost = under[0]
+            assert any(t in topmost for t in targets), (name, arrow["d"], probe, topmost[:80])
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_no_arrow_crosses_a_label(measured: dict[str, Any], name: str) -> None:
+    for band in _bands(measured, name):
+        labels = [t for t in band["texts"] if "lbl" in t["cls"]]
+        for arrow in band["arrows"]:
+            points = _points(band, arrow["d"])
+            hit = [t["text"] for t in labels if any(_inside(p, t["box"], 2.0) for p in points)]
+            assert hit == [], (name, arrow["d"], hit)  # 2 px: the arrow's white halo
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_labels_stay_inside_their_stripes(measured: dict[str, Any], name: str) -> None:
+    for svg in measured[name]["svgs"]:
+        stripes = [r["box"] for r in svg["rects"] if "stripe" in r["cls"]]
+        for text in (t for t in svg["texts"] if "lbl" in t["cls"]):
+            box = text["box"]
+            mid = ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+            home = [s for s in stripes if s[0] <= mid[0] <= s[2] and s[1] <= mid[1] <= s[3]]
+            assert home, (name, text["text"])
+            assert home[-1][0] - 0.5 <= box[0] and box[2] <= home[-1][2] + 0.5, (name, text)
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_every_zoom_chip_names_its_layer(measured: dict[str, Any], name: str) -> None:
+    zooms = [s for s in measured[name]["svgs"] if s["label"].startswith("zoom ")]
+    assert zooms
+    for svg in zooms:
+        texts = [t for t in svg["texts"] if "lbl" in t["cls"]]
+        chips = [r for r in svg["rects"] if "stripe" in r["cls"]]
+        assert chips
+        for chip in chips:
+            layer = chip["title"].split("\n")[0].removeprefix("[changed] ")
+            box = chip["box"]
+            inside = [
+                t["text"]
+                for t in texts
+                if box[0] <= (t["box"][0] + t["box"][2]) / 2 <= box[2]
+                and box[1] <= (t["box"][1] + t["box"][3]) / 2 <= box[3]
+            ]
+            assert any(t.split("·")[0] == short(layer) for t in inside), (name, layer, inside)
+
+
+def test_the_zoom_has_a_byte_scale_and_block_axis(measured: dict[str, Any]) -> None:
+    for name in ("gemma", "gemma-blhnc"):
+        (zoom,) = [s for s in measured[name]["svgs"] if s["label"].startswith("zoom ")]
+        words = [t["text"] for t in zoom["texts"]]
+        assert any(w.endswith("KiB (segments to scale)") for w in words), words
+        assert {"b0", "b1", "b2", "b3"} <= set(words)

@@ -11,7 +11,14 @@ import json
 from typing import Any
 
 from kvplan.planner.diff import Change, diff_plans
-from kvplan.render._geometry import block_tokens, extent, is_logical, memory, short_kind
+from kvplan.render._geometry import (
+    block_tokens,
+    dense_page_bytes,
+    extent,
+    is_logical,
+    memory,
+    short_kind,
+)
 from kvplan.render._palette import palette, style_name
 from kvplan.render._svg import (
     LEFT,
@@ -195,24 +202,24 @@ def _group_list(groups: list[int]) -> str:
 
 
 def _saving_reason(plan: BindingPlan) -> str:
-    """Why "KV sharing saves" is what it is, in one line (and why it can exceed the pool)."""
+    """Why "KV sharing saves" can exceed the pool, in one line (only when it does)."""
     m = memory(plan)
-    if not m.aliased or not m.saved_bytes:
+    if not m.aliased or m.saved_bytes <= m.pool_bytes:
         return ""
     blocks = plan.source.num_blocks
-    per_block = m.saved_bytes // blocks if blocks else 0
+    views = plan.view_by_layer
+    pages = [dense_page_bytes(views[a.target]) for a in plan.aliases if a.target in views]
+    if len(set(pages)) == 1 and pages[0] * len(pages) * blocks == m.saved_bytes:
+        what = f"{len(pages)} sharers × a {human_bytes(pages[0])} page × {blocks:,} blocks"
+    else:
+        per = human_bytes(m.saved_bytes // max(blocks, 1))
+        what = f"{m.aliased} sharers' pages ({per} per block) × {blocks:,} blocks"
     groups = len({v.group for v in plan.views})
     line = (
-        f"KV sharing saves = each sharer's page (its target's) in every block: "
-        f"{m.aliased} sharers, {exact(per_block)} per block together, × {blocks:,} blocks."
+        f"Why KV sharing saves more than the pool holds: {what} is what the sharers would "
+        f"need on their own, while vLLM overlays the {groups} groups on the same "
+        f"{human_bytes(m.pool_bytes)} (a block id belongs to one group at a time)."
     )
-    if m.saved_bytes > m.pool_bytes:
-        line += (
-            f" That is more than the pool{'s' if len(plan.pools) > 1 else ''} "
-            f"({human_bytes(m.pool_bytes)}): vLLM overlays the {groups} groups on the same "
-            "bytes (a block id belongs to one group at a time), while each sharer on its own "
-            "would need a page in every block."
-        )
     return f"<p class='meta'>{esc(line)}</p>"
 
 

@@ -225,13 +225,53 @@ def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> s
 
 
 @dataclass
+class _Label:
+    """A stripe's label, drawn after the arrows are placed (an arrow it cannot avoid cuts it)."""
+
+    row: int
+    y: float
+    text: str
+    x0: float  # the stripe's room for it
+    x1: float
+    start: bool  # left-aligned at x0 + 4 (else centred in [x0, x1])
+
+    @property
+    def span(self) -> tuple[float, float]:
+        if self.start:
+            return (self.x0 + 4, self.x0 + 4 + text_width(self.text))
+        mid, half = (self.x0 + self.x1) / 2, text_width(self.text) / 2
+        return (mid - half, mid + half)
+
+    def clear_of(self, x: float) -> None:
+        """Cut or move the text so that it stays ``LABEL_PAD`` + 2 px away from ``x``."""
+        lo, hi = self.span
+        pad = LABEL_PAD + 2
+        if not lo - pad < x < hi + pad:
+            return
+        left, right = (self.x0, x - pad), (x + pad, self.x1)
+        if self.start:
+            self.text = fit(self.text, left[1] - left[0] - 4) if left[1] - left[0] > 8 else ""
+            return
+        room = max(left, right, key=lambda r: r[1] - r[0])
+        self.x0, self.x1 = room
+        self.text = fit(self.text, room[1] - room[0])
+
+    def svg(self) -> str:
+        if not self.text:
+            return ""
+        if self.start:
+            return _t(self.x0 + 4, self.y, self.text, "lbl")
+        return _t((self.x0 + self.x1) / 2, self.y, self.text, "lbl", "middle")
+
+
+@dataclass
 class _Band:
     """What the sharers lane needs from the band: where each layer and each label is."""
 
     top: float
     bottom: float
     centres: dict[str, Place] = field(default_factory=dict)
-    labels: list[tuple[int, float, float]] = field(default_factory=list)  # row, x0, x1
+    labels: list[_Label] = field(default_factory=list)
 
 
 def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Look) -> str:
@@ -249,15 +289,11 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Loo
     top = 40
     out: list[str] = []
     tag = marks.tag("pools", pool.name)
-    out.append(
-        _t(
-            0,
-            14,
-            f"{tag}pool {pool.name} · {human_bytes(pool.size_bytes)} ({pool.size_bytes:,} B) · "
-            f"alignment {pool.alignment_bytes:,} B · {pool.num_blocks:,} blocks",
-            "h",
-        )
+    head = (
+        f"{tag}pool {pool.name} · {human_bytes(pool.size_bytes)} ({pool.size_bytes:,} B) · "
+        f"alignment {pool.alignment_bytes:,} B · {pool.num_blocks:,} blocks"
     )
+    out.append(_t(0, 14, fit(head, width / 1.15), "h"))  # bold 12 px: wider than 11 px
     rows_h = max(len(groups), 1) * (ROW_H + ROW_GAP)
     out.append(
         f'<rect x="{LEFT}" y="{top - 4}" width="{band_w:.1f}" height="{rows_h + 4}" '
@@ -285,8 +321,7 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Loo
             text = fit(f"{tags}{names}{more} interleaved block by block (see zoom)", stripe.w - 6)
             out.append(_stripe_rect(stripe, y, gid, pool, look, bool(tags)))
             if text:
-                out.append(_t(stripe.x + 4, y + 15, text, "lbl"))
-                band.labels.append((row, stripe.x + 4, stripe.x + 4 + text_width(text)))
+                band.labels.append(_Label(row, y + 15, text, stripe.x, stripe.x + stripe.w, True))
             for view in members:
                 band.centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
             continue
@@ -295,10 +330,7 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Loo
             out.append(_stripe_rect(stripe, y, gid, pool, look, marked))
             label = fit(_stripe_label(stripe, marks), stripe.w)
             if label:
-                mid = stripe.x + stripe.w / 2
-                out.append(_t(mid, y + 15, label, "lbl", "middle"))
-                half = text_width(label) / 2
-                band.labels.append((row, mid - half, mid + half))
+                band.labels.append(_Label(row, y + 15, label, stripe.x, stripe.x + stripe.w, False))
             for view in stripe.views:
                 band.centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
     bottom = float(top + rows_h + 6)
@@ -314,9 +346,15 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Loo
         )
         bottom += 14
     aliases = [a for a in plan.aliases if a.target in band.centres]
+    lane = ""
     if aliases:
-        lane, bottom = _sharers(aliases, band, bottom, width, marks)
-        out.append(lane)
+        lane, bottom, stems = _sharers(aliases, band, bottom, width, marks)
+        for x, row in stems:  # an arrow that found no way between the labels cuts them
+            for label in band.labels:
+                if label.row >= row:
+                    label.clear_of(x)
+    out.extend(label.svg() for label in band.labels)
+    out.append(lane)
     return _svg(width, bottom + 4, "".join(out), f"pool {pool.name}")
 
 
@@ -337,7 +375,8 @@ def _ticks(views: list[View], size: int, px: float, gap: float = 70.0) -> list[i
         if ((at - kept[-1]) * px >= gap and (size - at) * px >= gap) or at == size:
             kept.append(at)
     if len(starts) > 9 or len(kept) < 3:
-        return [size * k // 4 for k in range(5)]
+        quarters = [size * k // 4 for k in range(1, 4)]
+        return [0, *(q for q in quarters if (q - 0) * px >= gap and (size - q) * px >= gap), size]
     return kept
 
 
@@ -408,9 +447,12 @@ def _stem_x(place: Place, want: float, band: _Band, stems: list[float]) -> float
     """Where an arrow to ``place`` enters it: inside the stripe, clear of every label in the
     rows it crosses (the target's row and those below it) and of the other arrows."""
     sx, sw, _, row = place
-    inset = min(6.0, sw / 2)
+    inset = min(sw / 2, max(6.0, min(24.0, sw / 8)))  # clear of the stripe's edges
     lo, hi = sx + inset, sx + sw - inset
-    labels = [(a - LABEL_PAD, b + LABEL_PAD) for r, a, b in band.labels if r >= row]
+    labels = [
+        (lo - LABEL_PAD, hi + LABEL_PAD)
+        for lo, hi in (label.span for label in band.labels if label.row >= row)
+    ]
     others = [(x - 5.0, x + 5.0) for x in stems]
     for blocked in (labels + others, labels):
         found = _free_x(lo, hi, want, blocked)
@@ -425,8 +467,9 @@ def _sharers(
     y: float,
     width: int,
     marks: Marks,
-) -> tuple[str, float]:
-    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow into the target.
+) -> tuple[str, float, list[tuple[float, int]]]:
+    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow into the target;
+    also each arrow's x and the row it ends in.
 
     Each arrow runs straight up into its target's stripe and ends inside that stripe's row (its
     head within the row), entering where no label of the rows it crosses is; under the chips a
@@ -461,6 +504,7 @@ def _sharers(
     out = [_t(0, lane_y + 13, "sharers (own 0 B)")]
     arrows: list[str] = []
     stems: list[float] = []
+    ends: list[tuple[float, int]] = []
     elbows = 0
     for c in clusters:
         x, members = c.x, c.members
@@ -516,6 +560,7 @@ def _sharers(
         for place in c.places:
             tx = _stem_x(place, min(max(bus_mid, bus[0]), bus[1]), band, stems)
             stems.append(tx)
+            ends.append((tx, place[3]))
             tip = place[2] - ROW_H + ARROW_HEAD + 6  # the head lies inside the target's row
             if bus[0] <= tx <= bus[1]:
                 path = f"M{tx:.1f},{bus[2]:.1f} V{tip:.1f}"
@@ -528,7 +573,7 @@ def _sharers(
                 f'<path d="{path}" class="arrow" marker-end="url(#arrow)">'
                 f"<title>{esc(what)}</title></path>"
             )
-    return "".join(arrows) + "".join(out), lane_y + 36
+    return "".join(arrows) + "".join(out), lane_y + 36, ends
 
 
 def _svg(width: float, height: float, body: str, label: str) -> str:
@@ -610,16 +655,12 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, look: Look, blocks: int
             break
     z, blocks = lay.zoom, lay.zoom.blocks
     top = 64
-    out = [
-        _t(
-            0,
-            14,
-            f"zoom: blocks 0–{blocks - 1} of pool {pool.name} (where block b of each layer lives)"
-            if blocks > 1
-            else f"zoom: block 0 of pool {pool.name} (where block 0 of each layer lives)",
-            "h",
-        )
-    ]
+    head = (
+        f"zoom: blocks 0–{blocks - 1} of pool {pool.name} (where block b of each layer lives)"
+        if blocks > 1
+        else f"zoom: block 0 of pool {pool.name} (where block 0 of each layer lives)"
+    )
+    out = [_t(0, 14, fit(head, width / 1.15), "h")]
     rows_h = len(groups) * (ZOOM_H + ROW_GAP)
     for gid in groups:
         y = top + row_of[gid] * (ZOOM_H + ROW_GAP) + 19
@@ -692,9 +733,22 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, look: Look, blocks: int
     if hidden_groups:
         notes.append(f"{hidden_groups} more groups are not drawn (see the views table)")
     for note in notes:
-        out.append(_t(LEFT, y, note, "s"))
-        y += 14
+        for line in wrap(note, width - LEFT - 4, 6.0):
+            out.append(_t(LEFT, y, line, "s"))
+            y += 14
     return _svg(width, y, "".join(out), f"zoom of pool {pool.name}")
+
+
+def wrap(text: str, width: float, char_w: float = CHAR_W) -> list[str]:
+    """``text`` in lines of at most ``width`` px, broken between words."""
+    most = max(int(width / char_w), 8)
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= most:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def _chip_label(layer: str, what: str, cx: float, cw: float, y: float) -> list[str]:
