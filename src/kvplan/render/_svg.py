@@ -27,7 +27,7 @@ from kvplan.render._geometry import (
     is_padded,
     short,
     short_kind,
-    zoom,
+    zooms,
 )
 from kvplan.render._palette import OKABE_ITO, STYLES, style
 from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
@@ -350,10 +350,10 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Loo
     if aliases:
         lane, bottom, stems = _sharers(aliases, band, bottom, width, marks)
         for x, row in stems:  # an arrow that found no way between the labels cuts them
-            for label in band.labels:
-                if label.row >= row:
-                    label.clear_of(x)
-    out.extend(label.svg() for label in band.labels)
+            for item in band.labels:
+                if item.row >= row:
+                    item.clear_of(x)
+    out.extend(item.svg() for item in band.labels)
     out.append(lane)
     return _svg(width, bottom + 4, "".join(out), f"pool {pool.name}")
 
@@ -597,8 +597,7 @@ class _ZoomLayout:
     unnamed: int  # chips too narrow for their layer's name
 
 
-def _layout(views: list[View], blocks: int, avail_all: float) -> _ZoomLayout:
-    z = zoom(views, blocks)
+def _layout(z: Zoom, avail_all: float) -> _ZoomLayout:
     avail = avail_all - SEGMENT_BREAK * (len(z.segments) - 1)
     total = sum(s.end - s.start for s in z.segments) or 1
     scale = avail / total
@@ -649,8 +648,9 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, look: Look, blocks: int
     drawn = [v for v in views if v.group in row_of]
     avail = width - LEFT - 4
     tries = sorted({blocks, min(blocks, 2), 1}, reverse=True)
+    candidates = zooms(drawn, tries)
     for n in tries:
-        lay = _layout(drawn, n, avail)
+        lay = _layout(candidates[n], avail)
         if lay.unnamed == 0:
             break
     z, blocks = lay.zoom, lay.zoom.blocks

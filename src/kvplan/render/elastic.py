@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.elastic.files import ElasticStats
-from kvplan.render._geometry import short
+from kvplan.render._geometry import block_stride_bytes, extent, short
 from kvplan.render._palette import palette
 from kvplan.render._svg import (
     LEFT,
@@ -177,7 +177,20 @@ def _budget(view: EngineView) -> str:
         )
     out.append(_t(LEFT, y + 34, "0", "s"))
     out.append(_t(LEFT + bar_w, y + 34, human_bytes(top), "s", "end"))
-    return _svg(WIDTH, y + 40, "".join(out), "budget")
+    line = (
+        f"mapped {human_bytes(s.mapped_bytes)} of the {human_bytes(s.limit_bytes)} limit in "
+        f"force: live {about}{human_bytes(live)}, cached {about}{human_bytes(cached)}, other "
+        f"{human_bytes(other)} · peak {human_bytes(s.peak_mapped_bytes)}"
+    )
+    if s.floor_bytes is not None:
+        line += f" · floor {human_bytes(s.floor_bytes)}"
+    line += (
+        " · asked: the default (the reservation)"
+        if s.asked_limit_bytes is None
+        else f" · asked {human_bytes(s.asked_limit_bytes)}"
+    )
+    out.append(_t(LEFT, y + 50, line, "s"))
+    return _svg(WIDTH, y + 56, "".join(out), "budget")
 
 
 def _legend_line() -> str:
@@ -238,8 +251,8 @@ def _pool_state(view: EngineView, pool: Pool, look: Look, scale: float) -> str:
             f"{human_bytes(unit_bytes)} chunks"
             + (" (some of each unit)" if s.mapped_runs_unit > 1 else "")
         )
-    top = 36
-    out = [_t(0, 14, head, "h")]
+    top = 44
+    out = [_t(0, 14, fit(head, WIDTH / 1.15), "h")]
     for k in range(5):
         at = pool.size_bytes * k // 4
         x = LEFT + at * px
@@ -280,7 +293,103 @@ def _pool_state(view: EngineView, pool: Pool, look: Look, scale: float) -> str:
             f"<title>{esc(title)}</title></rect>"
         )
     y += MAPPED_H + 6
+    if runs:
+        part, y = _windows(
+            runs, unit_bytes, pool, [v for v in plan.views if v.pool == pool.name], y
+        )
+        out.append(part)
     return _svg(WIDTH, y, "".join(out), f"mapped chunks of pool {pool.name}")
+
+
+MAX_WINDOWS = 6
+WINDOW_GAP = 24.0
+CELL_MIN = 3.0
+
+
+def windows(runs: list[tuple[int, int]], most: int = MAX_WINDOWS) -> list[tuple[int, int]]:
+    """At most ``most`` unit ranges ``[first, end)`` covering every run: runs closer than the
+    smallest gap that leaves ``most`` ranges are merged (the gap doubles; linear per try)."""
+    gap = 0
+    while True:
+        out: list[list[int]] = []
+        for first, count in runs:
+            if out and first - out[-1][1] <= gap:
+                out[-1][1] = first + count
+            else:
+                out.append([first, first + count])
+        if len(out) <= most:
+            return [(a, b) for a, b in out]
+        gap = gap * 2 + 1
+
+
+def _where(views: list[View], lo: int, hi: int) -> str:
+    """Which layers and blocks bytes ``[lo, hi)`` hold: ``L0 L1 L2 · blocks 0–1,023``."""
+    hit = sorted(
+        (v for v in views if extent(v)[0] < hi and lo < extent(v)[1]),
+        key=lambda v: (v.offset_bytes, v.group),
+    )
+    if not hit:
+        return "no layer's bytes (padding)"
+    names = " ".join(short(v.layer) for v in hit[:8]) + (" …" if len(hit) > 8 else "")
+    first = hit[0]
+    stride = block_stride_bytes(first)
+    if stride <= 0:
+        return names
+    b0 = max((lo - first.offset_bytes) // stride, 0)
+    b1 = min((hi - 1 - first.offset_bytes) // stride, first.shape[0] - 1)
+    if b1 < b0:
+        return names
+    blocks = f"block {b0:,}" if b0 == b1 else f"blocks {b0:,}–{b1:,}"
+    return f"{names} · {blocks}"
+
+
+def _cell(x: float, y: float, w: float, title: str) -> str:
+    return (
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(w, 1.0):.1f}" height="{MAPPED_H}" '
+        f'class="mapped"><title>{esc(title)}</title></rect>'
+    )
+
+
+def _windows(
+    runs: list[tuple[int, int]], unit: int, pool: Pool, views: list[View], y: float
+) -> tuple[str, float]:
+    """The mapped runs up close: at most :data:`MAX_WINDOWS` windows on a broken axis, each
+    naming the layers and blocks whose pages it holds, one cell per chunk where cells fit."""
+    chunks_in_pool = max(-(-pool.size_bytes // unit), 1)
+    spans = [(a, b, max(a - 1, 0), min(b + 1, chunks_in_pool)) for a, b in windows(runs)]
+    avail = WIDTH - LEFT - 4 - WINDOW_GAP * (len(spans) - 1)
+    total = sum(d - c for _, _, c, d in spans)
+    out = [_t(0, y + 29, "up close")]
+    x = float(LEFT)
+    for i, (m0, m1, a, b) in enumerate(spans):  # mapped [m0, m1), drawn with a unit around
+        w = max((b - a) / total * avail, 60.0)
+        lo, hi = a * unit, min(b * unit, pool.size_bytes)
+        where = _where(views, m0 * unit, min(m1 * unit, pool.size_bytes))
+        out.append(_t(x, y + 9, f"@ {human_bytes(m0 * unit)}", "s"))
+        out.append(_t(x, y + 53, fit(where, w + WINDOW_GAP - 4), "s"))
+        px = w / (b - a)
+        top = y + 14
+        span = f"chunks {a:,}–{b - 1:,}: bytes [{lo:,}, {hi:,}); mapped: {where}"
+        out.append(
+            f'<rect x="{x:.1f}" y="{top:.1f}" width="{w:.1f}" height="{MAPPED_H}" '
+            f'class="unmapped"><title>{esc(span)}</title></rect>'
+        )
+        for first, count in runs:
+            c0, c1 = max(first, a), min(first + count, b)
+            if c1 <= c0:
+                continue
+            if px >= CELL_MIN:  # one cell per unit: the chunk boundaries stay visible
+                for c in range(c0, c1):
+                    what = f"chunk {c:,}: bytes [{c * unit:,}, {(c + 1) * unit:,}) mapped"
+                    out.append(_cell(x + (c - a) * px, top, px - 1, what))
+            else:
+                what = f"chunks {c0:,}–{c1 - 1:,} mapped ({human_bytes((c1 - c0) * unit)})"
+                out.append(_cell(x + (c0 - a) * px, top, (c1 - c0) * px, what))
+        x += w
+        if i < len(spans) - 1:
+            out.append(_t(x + WINDOW_GAP / 2, top + 15, "⋯", "", "middle"))
+            x += WINDOW_GAP
+    return "".join(out), y + 62
 
 
 def _stripe(stripe: _Stripe, y: float, paint: str, pool: Pool) -> str:
