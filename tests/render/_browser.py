@@ -180,7 +180,8 @@ _MEASURE_JS = """
       item.texts.push({text: t.textContent, cls: t.getAttribute('class') || '', box: box(t)});
     });
     svg.querySelectorAll('rect').forEach(function (r) {
-      item.rects.push({cls: r.getAttribute('class') || '', box: box(r), title: title(r)});
+      item.rects.push({cls: r.getAttribute('class') || '', box: box(r), title: title(r),
+                       fill: r.getAttribute('fill') || ''});
     });
     svg.querySelectorAll('path.arrow').forEach(function (p) {
       var d = p.getAttribute('d'), end = tip(d);

@@ -95,6 +95,15 @@ def sharers_into_first_slot_plan() -> BindingPlan:
     return make_plan(parse_input(doc, "gemma-4-E2B sharers into L0 and L4"))
 
 
+def gemma_regrouped_plan() -> BindingPlan:
+    """The golden gemma-4-E2B input with its KV cache groups listed in reverse: the same
+    layers, every group renumbered (g0 is the full-attention group)."""
+    doc = gemma_input()
+    doc["kv_cache_config"]["kv_cache_groups"].reverse()
+    doc["kernel_block_sizes"].reverse()
+    return make_plan(parse_input(doc, "gemma-4-E2B, groups reversed"))
+
+
 def gemma_blhnc_plan() -> BindingPlan:
     document = json.loads((GEMMA / "input.json").read_text())
     return make_plan(parse_input(with_layout(document, "BLHNC"), "gemma-4-E2B BLHNC"))

@@ -170,3 +170,61 @@ def test_the_zoom_has_a_byte_scale_and_block_axis(measured: dict[str, Any]) -> N
         words = [t["text"] for t in zoom["texts"]]
         assert any(w.endswith("KiB (segments to scale)") for w in words), words
         assert {"b0", "b1", "b2", "b3"} <= set(words)
+
+
+# -- kvplan top --html: a synthetic snapshot on the real gemma-4-E2B plan -----------------------
+
+
+def test_top_html_draws_the_mapped_chunks_where_they_are(chromium: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+    from tests.render._elastic import CHUNK, RUNS, gemma_dump
+
+    gemma_dump(tmp_path / "dumps" / "e1")
+    out = tmp_path / "top.html"
+    res = CliRunner().invoke(
+        app, ["top", str(tmp_path / "dumps"), "--html", str(out)], env={"NO_COLOR": "1"}
+    )
+    assert res.exit_code == 0, res.output
+    png = tmp_path / "top.png"
+    screenshot(chromium, out, png, (1320, 700))
+    assert drawn_rows(png) > 0.2
+    got = measure(chromium, out.read_text(), tmp_path)
+    (band,) = [s for s in got["svgs"] if s["label"] == "mapped chunks of pool kv_cache"]
+    overview = next(r for r in band["rects"] if r["cls"] == "unmapped")["box"]
+    pool = 72 << 30
+    mapped = [r for r in band["rects"] if r["cls"] in ("mapped", "partly")]
+    width = overview[2] - overview[0]
+    for first, _ in RUNS["kv_cache"]:  # the overview: each run drawn at its address, to scale
+        want = overview[0] + first * CHUNK / pool * width
+        assert any(abs(r["box"][0] - want) <= 1.5 for r in mapped if r["box"][1] == overview[1])
+    cells = [r for r in mapped if r["title"].startswith("chunk ")]
+    chunks = {int(r["title"].split()[1].rstrip(":").replace(",", "")) for r in cells}
+    assert chunks == {f + k for f, n in RUNS["kv_cache"] for k in range(n)}  # one cell each
+    assert all(r["box"][2] - r["box"][0] >= 2.0 for r in cells)  # visible
+    words = " ".join(t["text"] for t in band["texts"])
+    for layers in ("L0 L1 L2 L3 L4", "L5 L6 L7 L8 L9", "L10 L11 L12 L13 L14"):
+        assert f"{layers} · blocks 0–1,023" in words
+
+
+def test_a_layer_keeps_its_colour_across_a_diff(chromium: str, tmp_path: Path) -> None:
+    """B numbers the same groups the other way round: each layer is drawn with the same
+    pattern on both sides (and the legend names the A group)."""
+    from tests.render._pictures import gemma_regrouped_plan
+
+    page = diff_page(gemma_plan(), gemma_regrouped_plan())
+    assert "<b>g0</b> (A: g4)" in page
+    got = measure(chromium, page, tmp_path)
+    bands = [s for s in got["svgs"] if s["label"] == "pool kv_cache"]
+    assert len(bands) == 2
+    sides = []
+    for band in bands:
+        fills = {}
+        for rect in band["rects"]:
+            if "stripe" in rect["cls"]:
+                fills[rect["title"].split("\n")[0].removeprefix("[changed] ")] = rect["fill"]
+        sides.append(fills)
+    a, b = sides
+    assert len(a) == 15 and a == b
+    assert len(set(a.values())) == 5  # five groups, five styles

@@ -246,13 +246,18 @@ def _pool_state(view: EngineView, pool: Pool, look: Look, scale: float) -> str:
     known = s.mapped_runs is not None
     head = f"pool {pool.name} · {human_bytes(pool.size_bytes)} · {pool.num_blocks:,} blocks"
     if known:
-        head += (
-            f" · mapped {human_bytes(mapped)} in {len(runs):,} run(s) of "
-            f"{human_bytes(unit_bytes)} chunks"
-            + (" (some of each unit)" if s.mapped_runs_unit > 1 else "")
+        head += f" · mapped {human_bytes(mapped)} in {len(runs):,} run(s)"
+    if not known:
+        sub = "which chunks are mapped is unknown (no mapped_runs in this snapshot)"
+    elif s.mapped_runs_unit == 1:
+        sub = f"chunks of {human_bytes(unit_bytes)}, as the engine maps them"
+    else:
+        sub = (
+            f"coarse runs of {human_bytes(unit_bytes)} units ({s.mapped_runs_unit} chunks): "
+            "a unit drawn as mapped has at least one of its chunks mapped"
         )
-    top = 44
-    out = [_t(0, 14, fit(head, WIDTH / 1.15), "h")]
+    top = 58
+    out = [_t(0, 14, fit(head, WIDTH / 1.15), "h"), _t(0, 28, fit(sub, WIDTH), "s")]
     for k in range(5):
         at = pool.size_bytes * k // 4
         x = LEFT + at * px
