@@ -267,3 +267,12 @@ def test_the_drawing_of_a_10000_layer_plan_is_bounded() -> None:
         svg = sum(len(m) for m in re.findall(r"<svg.*?</svg>", page, re.DOTALL))
         sizes.append(svg)
     assert sizes[1] < 2 * sizes[0] < 600_000, sizes
+
+
+def test_control_and_bidi_characters_in_names_are_shown_not_obeyed() -> None:
+    text = json.dumps(to_data(gemma_plan()))
+    text = text.replace("language_model.model.layers.1.", "\\u001b[31m\\u202elayers.1.")
+    hostile = parse_plan(json.loads(text))
+    for page in (plan_page(hostile), diff_page(gemma_plan(), hostile)):
+        assert "\x1b" not in page and "\u202e" not in page
+        assert "\\x1b[31m\\u202elayers.1." in page

@@ -10,6 +10,7 @@ merged below a label's width, zoom segments and chunks, sharer chips), whatever 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,19 @@ LABEL_PAD = 3.0
 Place = tuple[float, float, float, int]  # a drawn stripe: x, width, bottom y, row
 
 
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def esc(text: object) -> str:
-    return escape(str(text), quote=True)
+    """``text`` for HTML: escaped, control and bidi-override characters shown as ``\\x1b``
+    (a document's names cannot hide or reorder what the page says); line breaks kept (the
+    tooltips' lines)."""
+    return escape(_CONTROL.sub(_visible, str(text)), quote=True)
 
 
 def exact(n: int) -> str:
