@@ -2,9 +2,11 @@
 
     PYTHONPATH=src python -m tests.render._pictures docs/img
 
-writes ``gemma-4-E2B.png`` (the golden gemma-4-E2B plan) and ``gemma-4-E2B-LBNHC-vs-BLHNC.png``
+writes ``gemma-4-E2B.png`` (the golden gemma-4-E2B plan), ``gemma-4-E2B-LBNHC-vs-BLHNC.png``
 (that plan against the plan of the same input with the layout changed to BLHNC and the tensor
-placed as vLLM places block-outermost layouts), both made by headless Chromium.
+placed as vLLM places block-outermost layouts) and ``kvplan-top-gemma-4-E2B.png`` (what
+``kvplan top --html`` draws for a synthetic snapshot of an elastic engine serving that plan),
+all made by headless Chromium.
 """
 
 from __future__ import annotations
@@ -122,14 +124,28 @@ def layout_diff_page() -> str:
     )
 
 
+def top_page(directory: Path) -> str:
+    """``kvplan top --html`` for the synthetic gemma-4-E2B engine of ``tests.render._elastic``."""
+    from kvplan.render import EngineView, elastic_page
+    from tests.render._elastic import gemma_dump
+
+    stats = gemma_dump(directory / "gemma-e2b")
+    shown = Path("dumps", "gemma-e2b", "rank0.stats.json")  # as the user names it, not tmp
+    view = EngineView(shown, stats, "running", 0.8, gemma_plan())
+    return elastic_page([view], title="dumps/", now=stats.time)
+
+
 def main(out: Path) -> None:
     from tests.render._browser import ensure_chromium, screenshot
 
     chromium = ensure_chromium()
     out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as dumps:
+        top = top_page(Path(dumps))
     pages = {
-        "gemma-4-E2B": (gemma_page(), (1320, 900)),
-        "gemma-4-E2B-LBNHC-vs-BLHNC": (layout_diff_page(), (1400, 1240)),
+        "gemma-4-E2B": (gemma_page(), (1320, 1000)),
+        "gemma-4-E2B-LBNHC-vs-BLHNC": (layout_diff_page(), (1400, 1300)),
+        "kvplan-top-gemma-4-E2B": (top, (1320, 640)),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name, (html, size) in pages.items():
