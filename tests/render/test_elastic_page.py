@@ -93,6 +93,7 @@ def test_names_are_escaped_and_the_page_is_bounded(tmp_path: Path) -> None:
     page = elastic_page(views, title="<b>", drawn=16)
     assert "<script>" not in page and "&lt;script&gt;" in page and "<b>" not in page
     assert "48 more ranks are in the table but not drawn" in page
+    assert page.count("<h2>") == 16 and page.count("<tr><td>&lt;script&gt;") == 64
     assert len(page.encode()) < 1_000_000
 
 

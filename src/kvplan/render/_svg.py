@@ -255,9 +255,10 @@ class _Label:
         return (mid - half, mid + half)
 
     def clear_of(self, x: float) -> None:
-        """Cut or move the text so that it stays ``LABEL_PAD`` + 2 px away from ``x``."""
+        """Cut or move the text so that it stays ``LABEL_PAD`` px away from ``x`` (as far as
+        :func:`_stem_x` keeps arrows from labels: a label it kept clear is left alone)."""
         lo, hi = self.span
-        pad = LABEL_PAD + 2
+        pad = LABEL_PAD
         if not lo - pad < x < hi + pad:
             return
         left, right = (self.x0, x - pad), (x + pad, self.x1)

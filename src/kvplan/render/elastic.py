@@ -44,6 +44,7 @@ MAX_RUNS_LISTED = 64
 WIDTH = 900
 ROW = 14
 MAPPED_H = 22
+UNKNOWN_STYLE = ' style="fill:url(#pad)"'
 
 
 @dataclass(frozen=True)
@@ -281,9 +282,11 @@ def _pool_state(view: EngineView, pool: Pool, look: Look, scale: float) -> str:
         y += 14
     y += 4
     out.append(_t(0, y + 15, "mapped chunks" if known else "mapped: unknown"))
+    what = "white = not mapped" if known else "hatched: not known (no mapped_runs)"
     out.append(
         f'<rect x="{LEFT}" y="{y:.1f}" width="{band_w:.1f}" height="{MAPPED_H}" '
-        f'class="unmapped"><title>{esc(f"pool {pool.name}: white = not mapped")}</title></rect>'
+        f'class="unmapped"{"" if known else UNKNOWN_STYLE}>'
+        f"<title>{esc(f'pool {pool.name}: {what}')}</title></rect>"
     )
     columns = max(int(band_w), 1)
     for c0, c1, lo, got in _columns(runs, unit_bytes, pool.size_bytes, px, columns):
@@ -480,7 +483,7 @@ def _figures_table(views: list[EngineView]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def _section(view: EngineView, drawn: bool) -> str:
+def _section(view: EngineView) -> str:
     s = view.stats
     parts = [
         f"<h2>{esc(s.engine)} · rank {s.rank} · {esc(view.status)}</h2>"
@@ -499,8 +502,6 @@ def _section(view: EngineView, drawn: bool) -> str:
         )
     if view.problem is not None:
         parts.append(f"<p class='warn'>{esc(view.problem.render())}</p>")
-    if not drawn:
-        return "".join(parts)
     plan = view.plan
     if plan is None:
         return "".join(parts)
@@ -535,7 +536,7 @@ def elastic_page(
     for view in views[:drawn]:
         if view.plan is not None:
             styles.update(palette(view.plan)[0].values())
-    sections = "".join(_section(v, i < drawn) for i, v in enumerate(views))
+    sections = "".join(_section(v) for v in views[:drawn])
     more = (
         f"<p class='meta'>{len(views) - drawn} more ranks are in the table but not drawn.</p>"
         if len(views) > drawn
