@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from kvplan.integrations.vllm.elastic._mode import (
     ElasticMode,
+    floor_bytes,
     longest_request_bytes,
     scheduler_ledger,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "detach_cache",
     "elastic_chunk_bytes",
     "engine_name",
+    "floor_bytes",
     "geometry_digest",
     "hand_over",
     "longest_request_bytes",

@@ -25,6 +25,7 @@ from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
+    default_limits,
     elastic_chunk_bytes,
     read_elastic_settings,
 )
@@ -60,6 +61,8 @@ class ElasticMode:
         self.dump_dir = dump_dir
         self.rank_configs: list[Any] = []
         """Engine core: every rank's ``KVCacheConfig`` (for the scheduler's plan)."""
+        self.vllm_config: Any = None
+        """Engine core: the config the engine's KV caches are being sized for."""
         self.sides: list[SchedulerSide] = []
         """Engine core: the elastic block pools (one per engine in this process)."""
 
@@ -102,11 +105,11 @@ class ElasticMode:
 
     def handlers(self) -> Mapping[str, Handler]:
         return {
+            "elastic/initialize-kv-caches": self.initialize_kv_caches,
             "elastic/rank-configs": self.record_rank_configs,
             "elastic/scheduler-init": self.scheduler_init,
             "elastic/schedule": self.schedule,
             "elastic/update-from-output": self.update_from_output,
-            "elastic/execute-model": self.execute_model,
         }
 
     def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
@@ -141,9 +144,32 @@ class ElasticMode:
 
     # -- handlers of the adapters' elastic targets ----------------------------------------
 
+    def initialize_kv_caches(self, runtime: Runtime, call: Call) -> Any:
+        """``EngineCore._initialize_kv_caches(vllm_config)``: the config the next handler needs
+        to check the floor."""
+        self.vllm_config = call.arguments["vllm_config"]
+        try:
+            return call.run()
+        finally:
+            self.vllm_config = None
+
     def record_rank_configs(self, runtime: Runtime, call: Call) -> Any:
-        """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config."""
+        """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config,
+        and refuse a memory limit below the floor now — before any worker allocates its KV
+        cache or vLLM compiles and warms the model up (``KVP533``)."""
         self.rank_configs = list(call.arguments["kv_cache_configs"])
+        if self.rank_configs and self.vllm_config is not None:
+            config = self.rank_configs[0]
+            if config.kv_cache_tensors:
+                try:
+                    ledger = scheduler_ledger(runtime, config)
+                    ledger.back([0])
+                    floor = floor_bytes(ledger, config, self.vllm_config)
+                    limit = default_limits(self.settings, ledger.reserved_bytes)[0]
+                    if limit < floor:
+                        raise refusals.elastic_limit_too_small(limit, floor)
+                except KVPlanError as exc:
+                    raise runtime.refuse(exc) from None
         return call.run()
 
     def scheduler_init(self, runtime: Runtime, call: Call) -> Any:
@@ -176,8 +202,7 @@ class ElasticMode:
                     )
                 )
             side = SchedulerSide(ledger, self.settings, pool, self.dump_dir)
-            need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
-            side.floor = ledger.mapped_bytes + need
+            side.floor = floor_bytes(ledger, configs[0], call.arguments["vllm_config"])
             if side.limit < side.floor:
                 raise refusals.elastic_limit_too_small(side.limit, side.floor)
         except KVPlanError as exc:
@@ -215,23 +240,29 @@ class ElasticMode:
                 recover_failed_map(scheduler, side, failed)
         return call.run()
 
-    def execute_model(self, runtime: Runtime, call: Call) -> Any:
-        """``Worker.execute_model``: unmap, then map, this step's blocks; then run vLLM."""
+    def before_step(self, runtime: Runtime, call: Call) -> None:
+        """``Worker.execute_model``: unmap, then map, this step's blocks (vLLM runs it next)."""
         ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
-        if ops is not None:
-            worker = call.arguments["self"]
-            side = worker_of(getattr(worker, "model_runner", None))
-            if side is None:
-                why = "this worker received elastic operations but bound no elastic KV cache"
-                raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        if ops is None:
+            return
+        worker = call.arguments["self"]
+        side = worker_of(getattr(worker, "model_runner", None))
+        if side is None:
+            why = "this worker received elastic operations but bound no elastic KV cache"
+            raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        try:
+            side.apply(ops)
+        except MapFailed as failed:
             try:
-                side.apply(ops)
-            except MapFailed as failed:
-                try:
-                    hand_over(self.sides, side, ops, failed)
-                except KVPlanError as exc:
-                    raise runtime.refuse(exc) from failed.error
-        return call.run()
+                hand_over(self.sides, side, ops, failed)
+            except KVPlanError as exc:
+                raise runtime.refuse(exc) from failed.error
+
+
+def floor_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
+    """The smallest limit an engine accepts: what ``ledger`` has mapped (vLLM's null block)
+    plus one longest request (:func:`longest_request_bytes`)."""
+    return ledger.mapped_bytes + longest_request_bytes(ledger, config, vllm_config)
 
 
 def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:

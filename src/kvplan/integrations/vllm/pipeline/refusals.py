@@ -46,6 +46,36 @@ def plugin_refused(version: str, problems: list[Diagnostic]) -> KVPlanError:
     return KVPlanError([lead, *problems])
 
 
+def internal(exc: BaseException, where: str) -> Diagnostic:
+    """Something kvplan did not expect while checking its settings: still a ``KVP501``."""
+    return error(
+        Code.INTEGRATION,
+        where,
+        f"{type(exc).__name__} while checking kvplan's settings: {str(exc)[:300]}",
+        "please report this with your KVPLAN_* settings",
+    )
+
+
+def led(refusal: KVPlanError, version: str) -> KVPlanError:
+    """``refusal`` as every refusal of a running engine reads: led by ``KVP501`` naming its
+    first cause and ending with how to start vLLM without kvplan (unchanged if it already
+    does, as :func:`bind_refused`'s do)."""
+    diagnostics = refusal.diagnostics
+    first = diagnostics[0] if diagnostics else None
+    if first is not None and first.code is Code.INTEGRATION and DISABLE_HINT in (first.hint or ""):
+        return refusal
+    at = f" at {first.location}" if first and first.location else ""
+    cause = f"{first.code.value}{at}: {first.message}" if first else "no reason given"
+    fix = f"{first.hint.rstrip('.')}; or {DISABLE_HINT}" if first and first.hint else DISABLE_HINT
+    lead = error(
+        Code.INTEGRATION,
+        "kvplan.integrations.vllm.plugin",
+        f"kvplan refused to run this vLLM engine (vLLM {version}): {cause}",
+        fix,
+    )
+    return KVPlanError([lead, *diagnostics])
+
+
 def unsupported_version(
     version: str, supported: str, known: RefusedReleases | None
 ) -> list[Diagnostic]:
@@ -80,6 +110,22 @@ def target_unusable(version: str, resolved: Resolved) -> Diagnostic:
         f"vLLM {version}: patch target {name} is unusable: {resolved.problem}.",
         "this vLLM build differs from the release kvplan supports; see docs/integration.md "
         "(adding a vLLM release), or unset KVPLAN_ENABLE",
+    )
+
+
+def foreign_wrapper(version: str, resolved: Resolved) -> Diagnostic:
+    """``KVP506``: another plugin wrapped a function kvplan would wrap (kvplan's wrapper would
+    replace theirs without calling it)."""
+    name, foreign = resolved.target.name, resolved.foreign
+    who = f"{foreign.name} from {foreign.module}" if foreign else "another wrapper"
+    return error(
+        Code.FOREIGN_WRAPPER,
+        name,
+        f"vLLM {version}: {name} is already wrapped by {who} (another vLLM plugin?); kvplan's "
+        "wrapper replaces the function it wraps without calling it, so that plugin's code "
+        "would silently never run.",
+        "run kvplan without that plugin (VLLM_PLUGINS lists the plugins vLLM loads), or "
+        "without kvplan: " + DISABLE_HINT,
     )
 
 
