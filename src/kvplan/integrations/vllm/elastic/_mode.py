@@ -164,7 +164,7 @@ class ElasticMode:
                 try:
                     ledger = scheduler_ledger(runtime, config)
                     ledger.back([0])
-                    floor = floor_bytes(ledger, config, self.vllm_config)
+                    floor = engine_floor(ledger, config, self.vllm_config)
                     limit = default_limits(self.settings, ledger.reserved_bytes)[0]
                     if limit < floor:
                         raise refusals.elastic_limit_too_small(limit, floor)
@@ -202,7 +202,7 @@ class ElasticMode:
                     )
                 )
             side = SchedulerSide(ledger, self.settings, pool, self.dump_dir)
-            side.floor = floor_bytes(ledger, configs[0], call.arguments["vllm_config"])
+            side.floor = engine_floor(ledger, configs[0], call.arguments["vllm_config"])
             if side.limit < side.floor:
                 raise refusals.elastic_limit_too_small(side.limit, side.floor)
         except KVPlanError as exc:
@@ -259,26 +259,12 @@ class ElasticMode:
                 raise runtime.refuse(exc) from failed.error
 
 
-def floor_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
-    """The smallest limit an engine accepts: what ``ledger`` has mapped (vLLM's null block)
-    plus one longest request (:func:`longest_request_bytes`)."""
-    return ledger.mapped_bytes + longest_request_bytes(ledger, config, vllm_config)
+def engine_floor(ledger: Ledger, config: Any, vllm_config: Any) -> int:
+    """The engine's floor (:func:`kvplan.elastic.floor.floor_bytes`) for ``config``."""
+    from kvplan.elastic.floor import floor_bytes
+    from kvplan.integrations.vllm.convert import request_blocks
 
-
-def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
-    """What one request of ``max_model_len`` tokens needs backed: in every KV cache group
-    (each takes its own block ids from the one pool), the blocks vLLM's own
-    ``max_memory_usage_bytes`` admits for it, at the pool's mean bytes per block id."""
-    if not ledger.num_blocks:
-        return 0
-    blocks = 0
-    for group in config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        page = int(spec.page_size_bytes)
-        if page > 0:
-            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
-    blocks = min(blocks, ledger.num_blocks - 1)
-    return blocks * -(-ledger.reserved_bytes // ledger.num_blocks)
+    return floor_bytes(ledger, request_blocks(config, vllm_config))
 
 
 def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:

@@ -9,6 +9,7 @@ the first cause, then lists every diagnostic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,15 +36,36 @@ class Where:
 # -- start-up (register) ------------------------------------------------------------------
 
 
+def _cause(problem: Diagnostic) -> str:
+    """A problem named inside a lead: code, place and what is wrong (its fix stays its own)."""
+    at = f" at {problem.location}" if problem.location else ""
+    return f"{problem.code.value}{at}: {problem.message.rstrip('.')}"
+
+
+def _fix(problem: Diagnostic) -> str:
+    """A problem's fix without its own "or unset KVPLAN_ENABLE" (the lead ends with it)."""
+    text = problem.hint.rstrip(".")
+    for tail in (f", or {DISABLE_HINT}", f"; {DISABLE_HINT}", f" or {ENV_ENABLE}"):
+        text = text.removesuffix(tail)
+    return re.sub(rf",? or unset {ENV_ENABLE}$", "", text)
+
+
 def plugin_refused(version: str, problems: list[Diagnostic]) -> KVPlanError:
-    reasons = " | ".join(p.render() for p in problems)
+    """``KVP501`` leading every start-up problem: one problem's fix, or "each below"."""
+    count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+    reasons = " | ".join(_cause(p) for p in problems)
+    fix = (
+        _fix(problems[0])
+        if len(problems) == 1 and problems[0].hint
+        else "fix each problem listed after this one"
+    )
     lead = error(
         Code.INTEGRATION,
         "kvplan.integrations.vllm.plugin",
-        f"kvplan's vLLM plugin refused to start (vLLM {version}): {reasons}",
-        f"or {DISABLE_HINT}",
+        f"kvplan's vLLM plugin refused to start (vLLM {version}): {count}{reasons}",
+        f"{fix}; or {DISABLE_HINT}",
     )
-    return KVPlanError([lead, *problems])
+    return KVPlanError([lead, *problems], led=True)
 
 
 def internal(exc: BaseException, where: str) -> Diagnostic:
@@ -64,16 +86,15 @@ def led(refusal: KVPlanError, version: str) -> KVPlanError:
     first = diagnostics[0] if diagnostics else None
     if first is not None and first.code is Code.INTEGRATION and DISABLE_HINT in (first.hint or ""):
         return refusal
-    at = f" at {first.location}" if first and first.location else ""
-    cause = f"{first.code.value}{at}: {first.message}" if first else "no reason given"
-    fix = f"{first.hint.rstrip('.')}; or {DISABLE_HINT}" if first and first.hint else DISABLE_HINT
+    cause = _cause(first) if first else "no reason given"
+    fix = f"{_fix(first)}; or {DISABLE_HINT}" if first and first.hint else DISABLE_HINT
     lead = error(
         Code.INTEGRATION,
         "kvplan.integrations.vllm.plugin",
         f"kvplan refused to run this vLLM engine (vLLM {version}): {cause}",
         fix,
     )
-    return KVPlanError([lead, *diagnostics])
+    return KVPlanError([lead, *diagnostics], led=True)
 
 
 def unsupported_version(
@@ -162,7 +183,7 @@ def bind_refused(diagnostics: list[Diagnostic], where: Where, version: str) -> K
         f"{where.phase}, vLLM {version}): {cause}",
         DISABLE_HINT,
     )
-    return KVPlanError([lead, *diagnostics])
+    return KVPlanError([lead, *diagnostics], led=True)
 
 
 def unexpected(exc: Exception, where: Where, version: str) -> KVPlanError:
