@@ -37,6 +37,9 @@ STATS_SUFFIX = ".stats.json"
 
 MAX_FILE_BYTES = 64 << 10
 """Largest stats or limit file read (64 KiB; a real one is under 1 KiB)."""
+HEARTBEAT_SECONDS = 2.0
+"""An engine rewrites its stats file at least this often while it lives (the heartbeat):
+``kvplan top`` calls it stale only when the writer stopped (3 heartbeats missed)."""
 MAX_STATS_FILES = 1024
 """Most stats files :func:`read_stats_tree` reads (the rest are reported in one diagnostic)."""
 MAX_TREE_ENTRIES = 100_000

@@ -20,7 +20,12 @@ from kvplan.integrations.vllm.elastic._ops import (
     geometry_digest,
 )
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
-from kvplan.integrations.vllm.elastic._stats import StatsReporter, engine_name
+from kvplan.integrations.vllm.elastic._stats import (
+    StatsReporter,
+    engine_name,
+    forget_exit_hook,
+    on_exit_signal,
+)
 from kvplan.schemas.errors import KVPlanError
 
 if TYPE_CHECKING:
@@ -154,10 +159,24 @@ class WorkerSide:
     def start_reporting(self) -> None:
         if self.dump_dir is not None:
             self._reporter = StatsReporter(self.dump_dir, self.snapshot)
+            on_exit_signal(self.exiting)
+
+    def exiting(self) -> None:
+        """SIGTERM/SIGINT: write a ``closed`` snapshot now (if the process goes on after all,
+        the next heartbeat writes its state again)."""
+        reporter = self._reporter
+        if reporter is None or self.state == "closed":
+            return
+        state, self.state = self.state, "closed"
+        try:
+            reporter._write()
+        finally:
+            self.state = state
 
     def closed(self) -> None:
         """The cache was closed: one last snapshot."""
         self.state = "closed"
+        forget_exit_hook(self.exiting)
         if self._reporter is not None:
             self._reporter.stop()
 
