@@ -94,6 +94,9 @@ class ElasticStats(_Document):
     map_seconds: float = Field(ge=0)
     unmap_seconds: float = Field(ge=0)
     failed_maps: int = Field(ge=0)
+    rollbacks: int = Field(
+        default=0, ge=0, description="chunks a failed map mapped and unmapped again (not unmaps)"
+    )
     steps: int = Field(ge=0)
     # optional: absent in files of older writers (None / the default then)
     host: str | None = Field(

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
+
+_DIGITS = re.compile("[0-9]{1,10}")
+"""A map number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
+_DECIMAL = re.compile("[0-9]{1,10}(?:[.][0-9]{0,9})?")
 
 CACHE_LIMIT_SHARE = 10
 """Default ``KVPLAN_CACHE_LIMIT``: a tenth of the memory limit."""
@@ -77,7 +82,8 @@ def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int 
                 Code.INTEGRATION,
                 name,
                 f"{name}={raw[:40]!r} is not a byte size ({exc}).",
-                f"write e.g. {name}=24GiB, 512MiB or 0",
+                f"write e.g. {name}=24GiB or 512MiB"
+                + ("" if name == ENV_MEMORY_LIMIT else f", or {name}=0"),
             )
         )
         return None
@@ -98,6 +104,18 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
         )
     cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
     reserve = _size(env, ENV_RESERVE, problems)
+    for name, value in ((ENV_CACHE_LIMIT, cache_limit), (ENV_RESERVE, reserve)):
+        if limit and value is not None and value > limit:  # as `kvplan limit` refuses it
+            problems.append(
+                error(
+                    Code.INTEGRATION,
+                    name,
+                    f"{name} ({value} bytes) is above {ENV_MEMORY_LIMIT} ({limit} bytes): "
+                    "the memory limit bounds everything mapped, cached pages and the reserve "
+                    "included.",
+                    f"set {name} to at most {ENV_MEMORY_LIMIT}, or raise {ENV_MEMORY_LIMIT}",
+                )
+            )
     poison, bad_poison = flag(env, ENV_POISON)
     if bad_poison is not None:
         problems.append(bad_poison)
@@ -113,11 +131,9 @@ def _seconds(
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    try:
-        value = float(raw.removesuffix("s"))
-    except ValueError:
-        value = -1.0
-    if 0 <= value <= most:  # also refuses nan and inf
+    number = raw.removesuffix("s")
+    value = float(number) if _DECIMAL.fullmatch(number) else -1.0  # ASCII only, no nan/inf
+    if 0 <= value <= most:
         return value
     problems.append(
         error(
@@ -135,7 +151,7 @@ def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -
     raw = env.get(name, "").strip()
     if not raw:
         return None
-    if raw.isdigit() and 0 < int(raw) < 1 << 31:
+    if _DIGITS.fullmatch(raw) and 0 < int(raw) < 1 << 31:
         return int(raw)
     problems.append(
         error(

@@ -20,7 +20,12 @@ from kvplan.integrations.vllm.elastic._ops import (
     geometry_digest,
 )
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
-from kvplan.integrations.vllm.elastic._stats import StatsReporter, engine_name
+from kvplan.integrations.vllm.elastic._stats import (
+    StatsReporter,
+    engine_name,
+    forget_exit_hook,
+    on_exit_signal,
+)
 from kvplan.schemas.errors import KVPlanError
 
 if TYPE_CHECKING:
@@ -40,7 +45,8 @@ class WorkerSide:
     digest: str
     backend: str
     count: Counter[str] = field(default_factory=Counter)
-    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``steps`` (with operations),
+    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``rollbacks`` (chunks a failed map
+    mapped and unmapped again: not unmaps, no block used them), ``steps`` (with operations),
     ``map_calls``."""
     seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
     """Time spent mapping (``map``) and unmapping (``unmap``)."""
@@ -77,11 +83,13 @@ class WorkerSide:
                         self.label, droppable[-1],
                     )  # fmt: skip
             before = sum(cache.mapped_chunks.values())
+            rolled = cache.rolled_back_chunks
             t0 = time.perf_counter()
             try:
                 self._map(blocks)
             except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
                 self.count["failed_maps"] += 1
+                self.count["rollbacks"] += cache.rolled_back_chunks - rolled
                 failed = MapFailed(ops.seq, blocks, exc)
             else:
                 self.count["maps"] += sum(cache.mapped_chunks.values()) - before
@@ -140,7 +148,10 @@ class WorkerSide:
             mapped_bytes=0 if cache.closed else cache.mapped_bytes,
             peak_mapped_bytes=self.peak_mapped_bytes,
             **{key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES},
-            **{key: self.count[key] for key in ("maps", "unmaps", "failed_maps", "steps")},
+            **{
+                key: self.count[key]
+                for key in ("maps", "unmaps", "failed_maps", "rollbacks", "steps")
+            },
             map_seconds=round(self.seconds["map"], 6),
             unmap_seconds=round(self.seconds["unmap"], 6),
         )
@@ -148,10 +159,24 @@ class WorkerSide:
     def start_reporting(self) -> None:
         if self.dump_dir is not None:
             self._reporter = StatsReporter(self.dump_dir, self.snapshot)
+            on_exit_signal(self.exiting)
+
+    def exiting(self) -> None:
+        """SIGTERM/SIGINT: write a ``closed`` snapshot now (if the process goes on after all,
+        the next heartbeat writes its state again)."""
+        reporter = self._reporter
+        if reporter is None or self.state == "closed":
+            return
+        state, self.state = self.state, "closed"
+        try:
+            reporter._write()
+        finally:
+            self.state = state
 
     def closed(self) -> None:
         """The cache was closed: one last snapshot."""
         self.state = "closed"
+        forget_exit_hook(self.exiting)
         if self._reporter is not None:
             self._reporter.stop()
 
