@@ -77,6 +77,11 @@ class BoundKVCache:
         """Mapped chunk count per pool."""
         return {name: len(m.mapped) for name, m in self._memory.items()}
 
+    def mapped_chunk_ids(self) -> dict[str, tuple[int, ...]]:
+        """The mapped chunk numbers per pool (each pool's set copied at once: safe to call
+        from another thread, e.g. a stats reporter, while the owner maps)."""
+        return {name: tuple(m.mapped) for name, m in self._memory.items()}
+
     @property
     def mapped_blocks(self) -> frozenset[int]:
         """Block ids made resident by :meth:`ensure_mapped` (elastic mode)."""

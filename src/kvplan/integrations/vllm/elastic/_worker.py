@@ -132,10 +132,19 @@ class WorkerSide:
             self._reporter.changed()
 
     def snapshot(self) -> Any:
-        from kvplan.elastic.files import ElasticStats
+        from kvplan.elastic.files import ElasticStats, mapped_runs
+        from kvplan.elastic.status import writer_identity
 
         cache = self.cache
+        figures = {key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES}
+        figures["floor_bytes"] = self.scheduler.get("floor_bytes") or None  # 0: not known yet
+        figures["asked_limit_bytes"] = self.scheduler.get("asked_limit_bytes")
+        runs, unit = (None, 1) if cache.closed else mapped_runs(cache.mapped_chunk_ids())
         return ElasticStats(
+            **writer_identity(),
+            plan_fingerprint=cache.plan.fingerprint,
+            mapped_runs=runs,
+            mapped_runs_unit=unit,
             engine=engine_name(self.dump_dir),
             rank=int(self.label.removeprefix("rank") or 0),
             pid=os.getpid(),
@@ -147,7 +156,7 @@ class WorkerSide:
             reserved_bytes=cache.reserved_bytes,
             mapped_bytes=0 if cache.closed else cache.mapped_bytes,
             peak_mapped_bytes=self.peak_mapped_bytes,
-            **{key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES},
+            **figures,
             **{
                 key: self.count[key]
                 for key in ("maps", "unmaps", "failed_maps", "rollbacks", "steps")
@@ -207,6 +216,7 @@ def worker_side(
         "limit_bytes": limit,
         "cache_limit_bytes": cache_limit,
         "reserve_bytes": reserve,
+        "asked_limit_bytes": settings.limit,
     }
     side.touch()
     return side
