@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
 from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
 from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
@@ -105,6 +106,13 @@ class ElasticMode:
 
     def handlers(self) -> Mapping[str, Handler]:
         return {
+            "elastic/capacity-cpu": lambda runtime, call: cpu_capacity(
+                self.settings, runtime, call
+            ),
+            "elastic/capacity-gpu": lambda runtime, call: gpu_capacity(
+                self.settings, runtime, call
+            ),
+            "elastic/request-memory": request_memory,
             "elastic/initialize-kv-caches": self.initialize_kv_caches,
             "elastic/rank-configs": self.record_rank_configs,
             "elastic/scheduler-init": self.scheduler_init,

@@ -20,10 +20,12 @@ ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
+ENV_CAPACITY = "KVPLAN_CAPACITY"
 
 _DIGITS = re.compile("[0-9]{1,10}")
 """A map number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
 _DECIMAL = re.compile("[0-9]{1,10}(?:[.][0-9]{0,9})?")
+_TOKENS = re.compile("([0-9]{1,12}) ?(?:t|tok|tokens)")
 
 CACHE_LIMIT_SHARE = 10
 """Default ``KVPLAN_CACHE_LIMIT``: a tenth of the memory limit."""
@@ -53,9 +55,17 @@ class ElasticSettings:
     """Test-only fault injection: the N-th map (1-based) fails after mapping its chunks."""
     map_retry: float = MAP_RETRY_SECONDS
     """Seconds without new mappings after a failed map (0: try again at the next step)."""
+    capacity: int | None = None
+    """``KVPLAN_CAPACITY`` in bytes per rank: the KV address space reserved (vLLM's block
+    count), whoever else runs (``None``: the default, see ``_capacity``)."""
+    capacity_tokens: int | None = None
+    """``KVPLAN_CAPACITY`` given in tokens (``65536t``): converted with the model's bytes per
+    token when the worker sizes its cache."""
 
     def as_dict(self) -> dict[str, object]:
         return {
+            "capacity": self.capacity,
+            "capacity_tokens": self.capacity_tokens,
             "memory_limit": self.limit,
             "cache_limit": self.cache_limit,
             "reserve": self.reserve,
@@ -83,7 +93,7 @@ def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int 
                 name,
                 f"{name}={raw[:40]!r} is not a byte size ({exc}).",
                 f"write e.g. {name}=24GiB or 512MiB"
-                + ("" if name == ENV_MEMORY_LIMIT else f", or {name}=0"),
+                + ("" if name in (ENV_MEMORY_LIMIT, ENV_CAPACITY) else f", or {name}=0"),
             )
         )
         return None
@@ -122,7 +132,37 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
-    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail, retry), problems
+    capacity, tokens = _capacity(env, problems)
+    settings = ElasticSettings(
+        limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens
+    )
+    return settings, problems
+
+
+def _capacity(env: Mapping[str, str], problems: list[Diagnostic]) -> tuple[int | None, int | None]:
+    """``KVPLAN_CAPACITY``: a byte size, or a number of tokens (``65536t``, ``65536 tokens``)."""
+    raw = env.get(ENV_CAPACITY, "").strip()
+    if not raw:
+        return None, None
+    tokens = _TOKENS.fullmatch(raw)
+    if tokens:
+        if int(tokens.group(1)) > 0:
+            return None, int(tokens.group(1))
+    else:
+        size = _size(env, ENV_CAPACITY, problems)
+        if size:
+            return size, None
+        if size is None:
+            return None, None  # _size said why
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            ENV_CAPACITY,
+            f"{ENV_CAPACITY}={raw[:40]!r} reserves no KV cache.",
+            f"give a byte size per rank ({ENV_CAPACITY}=8GiB) or tokens ({ENV_CAPACITY}=65536t)",
+        )
+    )
+    return None, None
 
 
 def _seconds(

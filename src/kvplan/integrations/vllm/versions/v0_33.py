@@ -93,6 +93,24 @@ TARGETS = (
 
 ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older releases)
     Target(
+        "vllm.v1.worker.gpu_worker", "request_memory",
+        ("init_snapshot", "cache_config", "external_weight_memory"), ELASTIC,
+        "elastic: the start-up free-memory guard warns instead of refusing (the KV cache "
+        "reserves address space; physical memory is the limit's or the group's)",
+        "elastic/request-memory",
+    ),
+    Target(
+        "vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", ("self",),
+        ELASTIC, "elastic: the KV reservation from a stable capacity, not free memory",
+        "elastic/capacity-gpu", None, ("kv_cache_memory_bytes",),
+    ),
+    Target(
+        "vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory", ("self",),
+        ELASTIC, "elastic: the CPU worker's KV reservation from a stable capacity "
+        "(KVPLAN_CAPACITY in the role of VLLM_CPU_KVCACHE_SPACE)",
+        "elastic/capacity-cpu", None, ("kv_cache_memory_bytes",),
+    ),
+    Target(
         "vllm.v1.engine.core", "EngineCore._initialize_kv_caches", ("self", "vllm_config"),
         ELASTIC, "elastic: the engine's config, so the memory limit is checked against the "
         "floor before the KV cache is allocated and the model compiled",
