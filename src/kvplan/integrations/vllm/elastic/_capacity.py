@@ -43,7 +43,7 @@ GUARD_MESSAGE = "Free memory on device"
 def bytes_per_token(worker: Any) -> int:
     """KV bytes one token takes on this rank: every KV-owning layer's page over its block
     size (KV-sharing layers own none), from the runner's own specs."""
-    runner = getattr(worker, "model_runner", None)
+    runner: Any = getattr(worker, "model_runner", None)
     specs = runner.get_kv_cache_spec() if hasattr(runner, "get_kv_cache_spec") else None
     if not specs:
         raise KVPlanError(

@@ -51,7 +51,7 @@ class SchedulerSide:
         self.cached_blocks = 0
         self._limit_stamp: float | None = None
         self._limit_polled = 0.0
-        self._last_sent: tuple[int, ...] | None = None
+        self._last_sent: tuple[int | None, ...] | None = None
         self._warned_over = False
         self.floor = 0
         """The smallest limit accepted: the null block plus one longest request."""

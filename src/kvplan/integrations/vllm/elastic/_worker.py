@@ -50,7 +50,7 @@ class WorkerSide:
     ``map_calls``."""
     seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
     """Time spent mapping (``map``) and unmapping (``unmap``)."""
-    scheduler: dict[str, int] = field(default_factory=dict)
+    scheduler: dict[str, int | None] = field(default_factory=dict)
     """What the scheduler last said: ``live_blocks``, ``cached_blocks``, ``limit_bytes``,
     ``cache_limit_bytes``, ``reserve_bytes``."""
     peak_mapped_bytes: int = 0
@@ -136,7 +136,9 @@ class WorkerSide:
         from kvplan.elastic.status import writer_identity
 
         cache = self.cache
-        figures = {key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES}
+        figures: dict[str, int | None] = {
+            key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES
+        }
         figures["floor_bytes"] = self.scheduler.get("floor_bytes") or None  # 0: not known yet
         figures["asked_limit_bytes"] = self.scheduler.get("asked_limit_bytes")
         runs, unit = (None, 1) if cache.closed else mapped_runs(cache.mapped_chunk_ids())
