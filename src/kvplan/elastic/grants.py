@@ -16,14 +16,14 @@ memory holds: all of a TP engine's ranks on host memory, one per device on a GPU
   uses — including others' unused guarantees — while nobody claims.
 * **Claims.** A member below its guarantee that needs bytes nobody has free takes what is
   free (up to its guarantee) and records a claim for the rest. Free bytes go to claims first
-  (oldest claim first), before any member may borrow. Borrowers give back: each one's
-  :func:`owed` share of what the claims (and a budget lowered below the grants) need, in
-  proportion to what it borrows; its :func:`effective_limit` (grant minus share) is never
-  below its guarantee.
-* **No deadlock.** With every borrower at or under its effective limit, the bytes given back
-  cover every claim (the shares sum to at least the need, and the need is at most what is
-  borrowed because the guarantees fit the budget), so a member that asks for no more than its
-  guarantee gets it once the borrowers have given back once.
+  (oldest claim first), before any member may borrow. Borrowers give back what the claims
+  (and a budget lowered below the grants) need, the biggest borrowers first down to a common
+  level (:func:`owed`); a borrower's :func:`effective_limit` (grant minus its share) is
+  never below its guarantee.
+* **No deadlock.** The need is at most what is borrowed (the guarantees fit the budget), the
+  shares sum to at least the need, and one borrower giving back never raises another's
+  share; so once every borrower has got under its effective limit once, every claim is
+  served, and a member that asks for no more than its guarantee has it.
 """
 
 from __future__ import annotations
@@ -130,16 +130,33 @@ def need(state: GroupState) -> int:
 
 
 def owed(state: GroupState) -> dict[str, int]:
-    """Each borrower's share of :func:`need` (charged bytes), in proportion to what it
-    borrows, rounded up and never more than it borrows. Empty when nothing is owed."""
+    """What each borrower must give back (charged bytes): the biggest borrowers first, down
+    to one common level of borrowing, so that together they give back :func:`need`.
+
+    The level is the highest ``λ`` with ``Σ max(0, borrowed − λ) >= need``; a member owes
+    ``max(0, borrowed − λ)``, never more than it borrows. The level is stable: a borrower
+    that gives its share back (or more) never raises another's share, so one pass of every
+    borrower getting under its :func:`effective_limit` serves every claim. Empty when
+    nothing is owed.
+    """
     total = need(state)
     if total <= 0:
         return {}
-    lent = {name: m.borrowed() for name, m in state.members.items() if m.borrowed() > 0}
-    pool = sum(lent.values())
-    if pool <= 0:
+    lent = sorted(
+        ((m.borrowed(), name) for name, m in state.members.items() if m.borrowed() > 0),
+        reverse=True,
+    )
+    if not lent:
         return {}
-    return {name: min(b, -(-total * b // pool)) for name, b in lent.items()}
+    level = 0
+    running = 0
+    for k, (b, _) in enumerate(lent, 1):
+        running += b
+        nxt = lent[k][0] if k < len(lent) else 0
+        level = (running - total) // k
+        if level >= nxt:
+            break
+    return {name: min(b, b - level) for b, name in lent if b > level}
 
 
 def effective_limit(state: GroupState, name: str, shares: dict[str, int] | None = None) -> int:

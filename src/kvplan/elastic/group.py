@@ -850,6 +850,16 @@ class GroupMember:
             freed = 0 if target is None else grants.release(state, self.name, target)
         return freed
 
+    def give_back(self, to: int) -> int:
+        """Shrink the grant to ``to`` bytes now, whatever the hysteresis says (an idle
+        engine, or one about to stop); bytes given back. The engine must map no more than
+        ``to`` when it calls this."""
+        if to >= self.granted and not self.claim:
+            return 0
+        with self._locked() as state:
+            freed = grants.release(state, self.name, to)
+        return freed
+
     def _release_target(self, granted: int, eff: int, mapped: int, claim: int) -> int | None:
         q = self.quantum
         if granted > eff:
