@@ -3,6 +3,7 @@ claims served before borrowing, effective limits never below guarantees — from
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -12,9 +13,7 @@ from hypothesis import strategies as st
 from kvplan.elastic import grants
 from kvplan.elastic.grants import GroupState, MemberState, PolicyError
 
-SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -61,11 +60,9 @@ def apply(state: GroupState, op: str, who: int, value: int) -> None:
     if op == "join":
         name = f"j{value}"
         if name not in state.members:
-            try:
+            with contextlib.suppress(PolicyError):
                 grants.join(state, MemberState(name, floor=value % 50, guarantee=value % 50,
                                                ceiling=value))  # fmt: skip
-            except PolicyError:
-                pass
         return
     if not names:
         return
@@ -149,8 +146,7 @@ def test_every_member_gets_its_guarantee_after_the_borrowers_give_back_once(
     grants.serve_claims(state)
     names = sorted(state.members)
     targets = {
-        n: data.draw(st.integers(0, state.members[n].guarantee), label=f"target {n}")
-        for n in names
+        n: data.draw(st.integers(0, state.members[n].guarantee), label=f"target {n}") for n in names
     }
     for _ in range(2):  # round 1 claims, borrowers give back; round 2 everyone has it
         for n in data.draw(st.permutations(names), label="request order"):
@@ -185,9 +181,7 @@ def test_join_refuses_guarantees_that_do_not_fit_and_names_the_numbers() -> None
         grants.join(state, MemberState("b", factor=2, floor=100, guarantee=250, ceiling=900))
     assert caught.value.kind == "guarantees"
     assert "Σ guarantees 1100 bytes" in str(caught.value)
-    assert "500 bytes (250 x factor 2)" in str(caught.value) and "budget 1000" in str(
-        caught.value
-    )
+    assert "500 bytes (250 x factor 2)" in str(caught.value) and "budget 1000" in str(caught.value)
     with pytest.raises(PolicyError, match="below its floor"):
         grants.join(state, MemberState("c", floor=100, guarantee=50, ceiling=900))
 
