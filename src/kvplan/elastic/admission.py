@@ -217,6 +217,7 @@ class AdmissionIndex:
                 reach.append(far)
             self._reach[p] = reach
         self._nchunks = [-1] * n
+        self._plain = [(t.pool, t.start, t.length, t.shift, t.blocks, t.size) for t in self.tracks]
         self.mapped = [0] * n
         """Per block: how many of its chunks are mapped."""
         self.free = [False] * n
@@ -266,7 +267,14 @@ class AdmissionIndex:
                     low[(p, c)] = 0
         for t in self.tracks:
             span = t.last - t.first + 1
-            if t.shift > 0:  # chunks grow with the block id: one sweep
+            if span <= t.blocks:  # fewer chunks than blocks: ask each chunk
+                for c in range(t.first, t.last + 1):
+                    users = _users(t, c, chunk)
+                    if users is not None:
+                        key = (t.pool, c)
+                        if users[0] < low.get(key, 1 << 62):
+                            low[key] = users[0]
+            elif t.shift > 0:  # chunks grow with the block id: one sweep
                 seen = t.first - 1
                 pool = t.pool
                 for b in range(t.blocks):
@@ -278,13 +286,6 @@ class AdmissionIndex:
                         if b < low.get(key, 1 << 62):
                             low[key] = b
                     seen = iv[1]
-            elif span <= t.blocks:
-                for c in range(t.first, t.last + 1):
-                    users = _users(t, c, chunk)
-                    if users is not None:
-                        key = (t.pool, c)
-                        if users[0] < low.get(key, 1 << 62):
-                            low[key] = users[0]
             else:
                 for b in range(t.blocks):
                     iv = _interval(t, b, chunk)
@@ -322,16 +323,31 @@ class AdmissionIndex:
     def nchunks(self, b: int) -> int:
         """How many chunks block ``b`` touches (cached)."""
         found = self._nchunks[b]
-        if found < 0:
-            found = 0
-            for ivs in self._block_intervals(b).values():
-                ivs.sort()
-                end = -1
-                for lo, hi in ivs:
-                    if hi > end:
-                        found += hi - max(lo, end + 1) + 1
-                        end = hi
-            self._nchunks[b] = found
+        if found >= 0:
+            return found
+        found = 0
+        if 0 <= b < self.covered:
+            chunk = self.chunk
+            ivs: list[tuple[int, int, int]] = [
+                (p, c, c) for p, ids in self.everyone.items() for c in ids
+            ]
+            for pool, start, length, shift, blocks, size in self._plain:
+                if b < blocks:
+                    s = start + b * shift
+                    e = s + length
+                    s = 0 if s < 0 else s
+                    e = size if e > size else e
+                    if s < e:
+                        ivs.append((pool, s // chunk, (e - 1) // chunk))
+            ivs.sort()
+            pool_at, end = -1, -1
+            for pool, lo, hi in ivs:
+                if pool != pool_at:
+                    pool_at, end = pool, -1
+                if hi > end:
+                    found += hi - max(lo, end + 1) + 1
+                    end = hi
+        self._nchunks[b] = found
         return found
 
     def users(self, c: Chunk) -> list[tuple[int, int]]:
@@ -375,19 +391,20 @@ class AdmissionIndex:
         """Chunk ``c`` was mapped (+1) or given back (-1): its users' counts, and which free
         blocks are costly."""
         mapped, free, costly = self.mapped, self.free, self.costly
+        nchunks = self.nchunks
         for lo, hi in self.users(c):
             end = hi + 1
             after = [v + delta for v in mapped[lo:end]]
             mapped[lo:end] = after
-            totals = self._totals(lo, end)
+            window = free[lo:end]
+            if True not in window:
+                continue
             # zero-cost exactly when every chunk is mapped: became (+1) or stopped being (-1)
             edge = 0 if delta > 0 else -1
-            for i in [
-                i
-                for i, (v, n, f) in enumerate(zip(after, totals, free[lo:end], strict=True))
-                if f and v - n == edge
-            ]:
+            for i in [i for i, f in enumerate(window) if f]:
                 b = lo + i
+                if after[i] - nchunks(b) != edge:
+                    continue
                 if delta > 0:
                     costly.add(b, -1)
                     self.ncostly -= 1
@@ -395,15 +412,6 @@ class AdmissionIndex:
                 else:
                     costly.add(b, 1)
                     self.ncostly += 1
-
-    def _totals(self, lo: int, end: int) -> list[int]:
-        """:meth:`nchunks` of blocks ``[lo, end)``."""
-        totals = self._nchunks[lo:end]
-        if -1 in totals:
-            for i, n in enumerate(totals):
-                if n < 0:
-                    totals[i] = self.nchunks(lo + i)
-        return totals
 
     def _push(self, b: int) -> None:
         heap = self._heaps[self.is_cached[b]]
