@@ -367,3 +367,18 @@ def test_a_member_removed_from_the_ledger_learns_it_and_must_not_map(gdir: Path)
     with pytest.raises(KVPlanError) as caught:
         a.request(BUDGET)
     assert code_of(caught) == "KVP545"
+
+
+def test_the_group_and_the_index_need_neither_torch_nor_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kvplan.elastic.group, kvplan.elastic.grants, kvplan.elastic.admission\n"
+        "bad = [m for m in ('torch', 'vllm') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    src = str(Path(group.__file__).parents[2])
+    env = dict(os.environ, PYTHONPATH=src)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
