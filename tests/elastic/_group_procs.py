@@ -66,6 +66,16 @@ def holder(directory: Path, name: str, floor: int, guarantee: int, need: int, re
         time.sleep(1)
 
 
+def claimer(directory: Path, name: str, guarantee: int, ready: Any) -> None:
+    """Join with ``guarantee`` and ask for all of it: with the bytes borrowed by others, it
+    claims them; say so, then wait to be killed."""
+    member = GroupMember.join(directory, name, floor=guarantee, ceiling=guarantee * 2)
+    got = member.request(guarantee)
+    ready.put((got, member.claim))
+    while True:
+        time.sleep(1)
+
+
 def worker_attached(directory: Path, name: str, ready: Any) -> None:
     """A worker process of member ``name``: hold its lease, then wait to be killed."""
     lease = attach(directory, name)

@@ -133,6 +133,27 @@ def test_a_killed_members_grant_returns_and_it_rejoins_under_its_name(tmp_path: 
     small.leave()
 
 
+def test_a_dead_claimant_no_longer_makes_borrowers_give_back(tmp_path: Path) -> None:
+    set_budget(tmp_path, BUDGET, create=True)
+    borrower = GroupMember.join(tmp_path, "borrower", floor=0, ceiling=BUDGET)
+    assert borrower.request(BUDGET)  # borrows everything, the claimant's guarantee included
+    ready = CTX.Queue()
+    claimant = CTX.Process(
+        target=procs.claimer, args=(tmp_path, "claimant", BUDGET // 4, ready), daemon=True
+    )
+    claimant.start()
+    got, claim = ready.get(timeout=30)
+    assert not got and claim == BUDGET // 4
+    borrower.tick(force=True)
+    assert borrower.effective_limit == BUDGET * 3 // 4  # it owes the claim
+    os.kill(claimant.pid, 9)
+    claimant.join(timeout=10)
+    borrower.tick(force=True)  # its tick probes the claimant: dead, reaped, nothing owed
+    assert borrower.effective_limit == BUDGET
+    assert [m.name for m in read_snapshot(tmp_path).members] == ["borrower"]
+    borrower.leave()
+
+
 def test_a_worker_holding_the_lease_keeps_its_member_alive(tmp_path: Path) -> None:
     set_budget(tmp_path, BUDGET, create=True)
     core = GroupMember.join(tmp_path, "tp", floor=0, ceiling=BUDGET)
