@@ -115,7 +115,7 @@ def reader(directory: Path, stop: Any, results: Any) -> None:
         try:
             ledger = read_ledger(paths)
             assert ledger is not None
-            read_snapshot(directory, timeout=5)
+            read_snapshot(directory)
             reads += 1
         except KVPlanError as exc:
             results.put(("error", str(exc)))

@@ -205,11 +205,14 @@ def test_a_missing_or_wrong_directory_is_unreachable(tmp_path: Path) -> None:
 
 def test_a_wedged_lock_holder_makes_every_operation_fail_in_bounded_time(gdir: Path) -> None:
     a = join(gdir, "a")
+    assert a.request(MiB)
     fd = os.open(GroupPaths(gdir).lock, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: conflicts
     try:
+        # readers take no lock: the snapshot and a worker's attach go on
+        assert [m.name for m in read_snapshot(gdir).members] == ["a"]
+        group.attach(gdir, "a").close()
         for call in (
-            lambda: read_snapshot(gdir, timeout=0.1),
             lambda: set_budget(gdir, BUDGET, timeout=0.1),
             lambda: GroupMember.join(gdir, "b", floor=0, ceiling=1, timeout=0.1),
         ):

@@ -68,8 +68,6 @@ MAX_SCAN = 4096
 """Most entries looked at when cleaning ``members/`` and the group directory."""
 LOCK_TIMEOUT = 5.0
 """Seconds a member waits for the group's lock before ``KVP540``."""
-SNAPSHOT_TIMEOUT = 1.0
-"""Seconds :func:`read_snapshot` waits for the lock before ``KVP540``."""
 TICK_SECONDS = 0.25
 """How often :meth:`GroupMember.tick` looks at the ledger (the engine calls it every step)."""
 HOLD_SECONDS = 1.0
@@ -356,7 +354,7 @@ def _flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -
                 "a dead holder releases it by itself",
             )
         time.sleep(pause)
-        pause = min(pause * 2, 5e-3)
+        pause = min(pause * 2, 1e-3)
 
 
 # -- the ledger -------------------------------------------------------------------------------
@@ -575,6 +573,20 @@ def reap(paths: GroupPaths, state: GroupState, keep: str | None = None) -> list[
     return dead
 
 
+def _still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
+    """Whether ``m`` is alive, asked a few times a millisecond apart: a reader (``kvplan
+    top``) probing a dead member's lease holds it for a moment, which looks like a holder."""
+    for i in range(tries):
+        found = probe_lease(paths, m.lease, m.lease_inode)
+        if found == Liveness.TAMPERED:
+            raise _tampered(paths, m.lease, m.name)
+        if found == Liveness.DEAD:
+            return False
+        if i + 1 < tries:
+            time.sleep(0.002)
+    return True
+
+
 def _clean(paths: GroupPaths, ledger: GroupLedger | None) -> None:
     """Remove what killed writers and joiners left: temporary ledgers and unlocked lease
     files the ledger does not name (inside the exclusive lock; bounded)."""
@@ -729,6 +741,11 @@ class GroupMember:
                     state = to_state(ledger)
                 reap(paths, state)
                 _clean(paths, ledger)
+                taken = state.members.get(name)
+                if taken is not None and not _still_alive(paths, taken):
+                    grants.leave(state, name)  # dead: a reader's probe hid it for a moment
+                    with contextlib.suppress(OSError):
+                        os.unlink(paths.lease_name(taken.lease))
                 if name in state.members:
                     raise _fail(
                         Code.GROUP_MEMBER_REFUSED,
@@ -965,37 +982,59 @@ class GroupMember:
 def attach(directory: Path | str, name: str, timeout: float = LOCK_TIMEOUT) -> Lease:
     """For a worker process of member ``name`` that maps memory: hold the member's lease
     (shared) for this process's life. ``KVP545`` when the member is not in the group or its
-    lease is gone (it was reaped: the engine must not map)."""
+    lease is gone (it was reaped: the engine must not map).
+
+    Takes no group lock (a storm of grant changes cannot starve a starting worker): the lease
+    is locked, then found still at its path and still the member's. A reaper takes a lease
+    only when nobody holds it, and removes the file while holding it; so either this process
+    holds the lease first (and the member is alive) or it sees the file gone or replaced.
+    """
     paths = _check_directory(Path(directory))
-    lock = GroupLock(paths, create=False)
+    GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
+
+    def record() -> MemberRecord:
+        ledger = read_ledger(paths)
+        found = next((m for m in (ledger.members if ledger else []) if m.name == name), None)
+        if found is None:
+            raise _fail(
+                Code.GROUP_LEASE_LOST,
+                paths.directory,
+                f"member {name} is not in the group.",
+                "the engine core joins first; restart the engine",
+            )
+        return found
+
+    member = record()
+    path = paths.lease(member.lease)
     try:
-        with lock.hold(timeout, shared=True):
-            ledger = read_ledger(paths)
-            record = next((m for m in (ledger.members if ledger else []) if m.name == name), None)
-            if record is None:
-                raise _fail(
-                    Code.GROUP_LEASE_LOST,
-                    paths.directory,
-                    f"member {name} is not in the group.",
-                    "the engine core joins first; restart the engine",
-                )
-            path = paths.lease(record.lease)
-            try:
-                fd = _open_regular(path, _RDONLY, "lease file", Code.GROUP_LEASE_LOST)
-            except FileNotFoundError:
-                raise _fail(
-                    Code.GROUP_LEASE_LOST, path, f"the lease of {name} is gone.", "restart it"
-                ) from None
-            try:
-                if os.fstat(fd).st_ino != record.lease_inode:
-                    raise _tampered(paths, record.lease, name)
-                _flock_bounded(fd, fcntl.LOCK_SH, timeout, path, f"the lease of {name}")
-            except BaseException:
-                os.close(fd)
-                raise
-            return Lease(fd, path, record.lease_inode)
-    finally:
-        lock.close()
+        fd = _open_regular(path, _RDONLY, "lease file", Code.GROUP_LEASE_LOST)
+    except FileNotFoundError:
+        raise _fail(
+            Code.GROUP_LEASE_LOST, path, f"the lease of {name} is gone.", "restart the engine"
+        ) from None
+    try:
+        if os.fstat(fd).st_ino != member.lease_inode:
+            raise _tampered(paths, member.lease, name)
+        _flock_bounded(fd, fcntl.LOCK_SH, timeout, path, f"the lease of {name}")
+        again = record()
+        if again.lease != member.lease or not _same_inode(path, member.lease_inode):
+            raise _fail(
+                Code.GROUP_LEASE_LOST,
+                path,
+                f"member {name} was reaped while this worker attached.",
+                "restart the engine",
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return Lease(fd, path, member.lease_inode)
+
+
+def _same_inode(path: Path, inode: int) -> bool:
+    try:
+        return os.lstat(path).st_ino == inode
+    except OSError:
+        return False
 
 
 # -- administration (kvplan limit, kvplan top) -----------------------------------------------
@@ -1076,20 +1115,17 @@ def snapshot_of(paths: GroupPaths, state: GroupState, liveness: dict[str, str]) 
     )
 
 
-def read_snapshot(directory: Path | str, timeout: float = SNAPSHOT_TIMEOUT) -> GroupSnapshot:
-    """The group now (shared lock, waited for at most ``timeout`` s, then ``KVP540``). Dead
+def read_snapshot(directory: Path | str) -> GroupSnapshot:
+    """The group now. Takes no lock — the ledger is replaced atomically, so a read always
+    sees a whole ledger, and a writer that hangs holding the lock cannot block it. Dead
     members are shown as ``dead``, not reaped (reading needs no write access)."""
     paths = _check_directory(Path(directory))
-    lock = GroupLock(paths, create=False)
-    try:
-        with lock.hold(timeout, shared=True):
-            ledger = read_ledger(paths)
-            if ledger is None:
-                raise _ledger_problem(paths, "is missing (no engine has joined yet).")
-            state = to_state(ledger)
-            liveness = {r.name: probe_lease(paths, r.lease, r.lease_inode) for r in ledger.members}
-    finally:
-        lock.close()
+    GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
+    ledger = read_ledger(paths)
+    if ledger is None:
+        raise _ledger_problem(paths, "is missing (no engine has joined yet).")
+    state = to_state(ledger)
+    liveness = {r.name: probe_lease(paths, r.lease, r.lease_inode) for r in ledger.members}
     return snapshot_of(paths, state, liveness)
 
 
@@ -1140,7 +1176,7 @@ def set_budget(
             grants.set_budget(state, budget)
         except PolicyError as exc:
             raise _policy_error(exc, paths.directory) from None
-    return read_snapshot(directory, timeout)
+    return read_snapshot(directory)
 
 
 def set_guarantee(
@@ -1160,4 +1196,4 @@ def set_guarantee(
             grants.set_guarantee(state, name, guarantee)
         except PolicyError as exc:
             raise _policy_error(exc, paths.directory) from None
-    return read_snapshot(directory, timeout)
+    return read_snapshot(directory)
