@@ -13,11 +13,9 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from kvplan.integrations.vllm._pipeline import Call, Runtime
-    from kvplan.schemas.input import InputDocument
+from kvplan.integrations.vllm.versions._provenance import Foreign, foreign_layer
 
 PLACEMENT = "placement"
 """``KVCacheTensor(size, layers, layer_stride, block_stride, ...)``: vLLM 0.29 and later."""
@@ -32,6 +30,9 @@ RUNNER = "runner"
 """A runner's ``initialize_kv_cache``: owner of the cache, and the ``is_profiling`` flag."""
 TENSORS = "tensors"
 """A runner-level function that allocates and aliases; vLLM's dict is checked against the plan."""
+STEP = "step"
+"""A worker's step entry (``Worker.execute_model``): the caches vLLM holds are checked against
+what kvplan bound, and a mode may act first (elastic: map and unmap)."""
 READ = "read"
 """Not patched; the handlers call it."""
 ELASTIC = "elastic"
@@ -39,9 +40,6 @@ ELASTIC = "elastic"
 
 V1 = "V1"
 V2 = "V2"
-
-Handler = Callable[["Runtime", "Call"], Any]
-"""What runs when vLLM calls a wrapped target: ``handler(runtime, call)``."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,10 @@ class Target:
     """Parameter names in order; keyword-only ones start with ``*``."""
     role: str
     why: str
-    handler: Handler | None = field(default=None, compare=False)
-    """Runs in the wrapper; ``None`` for a ``READ`` target."""
+    handler: str | None = field(default=None, compare=False)
+    """The name of the handler that runs in the wrapper (``None`` for a ``READ`` target).
+    Adapters name handlers; the plugin's rooms define them (``pipeline.HANDLERS`` and each
+    mode's own), so this package asks nothing of the plugin."""
     runner: str | None = None
     """``V1`` or ``V2`` for a runner-level target (declared, never guessed from the name)."""
     calls: tuple[str, ...] = ()
@@ -124,18 +124,6 @@ class VersionAdapter:
         table = self.absent_fields.get(version_key(version), {})
         return {cls: dict(fields) for cls, fields in table.items()}
 
-    def capture(self, kv_cache_config: Any, **kwargs: Any) -> InputDocument:
-        """:func:`kvplan.integrations.vllm.capture` for this family's releases."""
-        from kvplan.integrations.vllm._capture import capture
-
-        return capture(kv_cache_config, adapter=self, **kwargs)
-
-    def to_vllm(self, document: InputDocument, *, with_sharers: bool = False) -> Any:
-        """:func:`kvplan.integrations.vllm.to_vllm` for this family's releases."""
-        from kvplan.integrations.vllm._capture import to_vllm
-
-        return to_vllm(document, with_sharers=with_sharers, adapter=self)
-
     def engine_core_planning(self, version: str) -> EngineCorePlanning | None:
         """How ``version``'s engine core plans, or ``None`` if kvplan cannot replay it."""
         return self.engine_core.get(version_key(version))
@@ -192,6 +180,8 @@ class Resolved:
     value: Any = None
     signature: str | None = None
     problem: str | None = None
+    foreign: Foreign | None = None
+    """Set when the function is not the release's own (another plugin wrapped it first)."""
 
     @property
     def ok(self) -> bool:
@@ -265,5 +255,13 @@ def resolve(target: Target) -> Resolved:
     if missing:
         found.problem = (
             f"{target.name} no longer calls {', '.join(missing)}, which kvplan's wrapper relies on"
+        )
+        return found
+    found.foreign = foreign_layer(value, attr)
+    if found.foreign is not None:
+        found.problem = (
+            f"{target.name} is not vLLM's own function: {found.foreign.name} from "
+            f"{found.foreign.module} wraps it (another plugin?), and kvplan's wrapper would "
+            "replace it without calling it"
         )
     return found

@@ -8,7 +8,8 @@ field types back from the vLLM classes' annotations.
 
 Which releases are supported, and the fields a release lacks, come from its version adapter
 (:mod:`kvplan.integrations.vllm.versions`): such a field is neither read from nor passed to
-that release. Public through the package: ``from kvplan.integrations.vllm import capture``.
+that release. Public through ``kvplan.integrations.vllm.convert`` and the package:
+``from kvplan.integrations.vllm import capture``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "capture",
     "installed_adapter",
+    "request_blocks",
     "spec_class",
     "spec_classes",
     "to_vllm",
@@ -220,7 +222,7 @@ def capture(
                 "kv_cache_config",
                 f"vLLM {version} uses the {adapter.form} config form; kvplan.input/1 holds the "
                 "placement form.",
-                "capture it with kvplan.integrations.vllm.legacy_capture",
+                "capture it with kvplan.integrations.vllm.convert.legacy",
             )
         )
     _refuse_unmodelled_specs(kv_cache_config, adapter, version)
@@ -423,3 +425,16 @@ def to_vllm(
             dict(document.shared_kv_cache_layers), config.kv_cache_groups
         )
     return typing.cast("KVCacheConfig", config)
+
+
+def request_blocks(kv_cache_config: Any, vllm_config: Any) -> int:
+    """The block ids one request of ``max_model_len`` tokens takes, summed over the config's
+    KV cache groups: what vLLM's own ``max_memory_usage_bytes`` admits per group, in pages
+    (see :mod:`kvplan.elastic.floor`)."""
+    blocks = 0
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        page = int(spec.page_size_bytes)
+        if page > 0:
+            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
+    return blocks
