@@ -316,13 +316,13 @@ class GroupLock(_Descriptor):
         self.paths = paths
 
     @contextlib.contextmanager
-    def hold(self, timeout: float, *, shared: bool = False) -> Iterator[None]:
+    def hold(self, timeout: float) -> Iterator[None]:
+        """Hold the lock exclusively (``KVP540`` after ``timeout`` s)."""
         if _unlocked():
             yield
             return
         assert self.fd is not None
-        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        _flock_bounded(self.fd, mode, timeout, self.paths.lock, "the group's lock")
+        _flock_bounded(self.fd, fcntl.LOCK_EX, timeout, self.paths.lock, "the group's lock")
         try:
             yield
         finally:
