@@ -98,7 +98,8 @@ def admission(num_blocks: int) -> dict[str, float]:
     vLLM's real ``BlockPool`` of ``num_blocks`` blocks, a quarter in use, vanilla vs elastic
     under a binding limit (half the reservation): with
     host-vmm's 4 KiB chunks (a uniform block cost: arithmetic) and with 2 MiB chunks (blocks
-    share chunks: the free-queue walk, then its memo until the pool changes)."""
+    share chunks: the free-queue walk, then its memo until the pool changes; and the
+    incremental admission index next to it, see :func:`index_costs`)."""
     from tests import _builders as builders
     from vllm.v1.core.block_pool import BlockPool
 
@@ -145,7 +146,57 @@ def admission(num_blocks: int) -> dict[str, float]:
             misses.append(timed(pool, 1))
         out[f"{label}, pool changed"] = statistics.median(misses)
         out[f"{label}, unchanged"] = timed(pool, 2000)
+        out.update(index_costs(ledger, pool, side, label))
     return out
+
+
+def index_costs(ledger: Any, pool: Any, side: Any, label: str) -> dict[str, float]:
+    """The incremental admission index (``kvplan.elastic.admission``) on the same pool and
+    ledger as the walk: its count (any time: no memo, no walk), its share of one allocation
+    (pick + the queue events + backing + freeing), a pool event that maps and gives back a
+    fresh chunk run, and building it; plus how many blocks it admits against the walk."""
+    from kvplan.elastic.admission import AdmissionIndex
+    from kvplan.elastic.ledger import admit
+
+    free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    t0 = time.perf_counter()
+    index = AdmissionIndex(ledger, free)
+    built = (time.perf_counter() - t0) * 1e6
+    headroom = side.headroom()
+    out = {f"{label}, index built": built}
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        index.count(headroom)
+    out[f"{label}, index count"] = (time.perf_counter() - t0) / 2000 * 1e6
+
+    def one_allocation() -> None:
+        (b,) = index.pick(1, side.headroom())
+        index.removed([b])
+        ledger.back([b])
+        index.prepended([b])  # freed: vLLM puts an uncached block at the front
+
+    out[f"{label}, index allocation"] = _per_call(one_allocation, 200)
+
+    fresh = max(free)  # the back of the cache: its chunks are not mapped
+
+    def chunk_event() -> None:
+        index.removed([fresh])
+        ledger.back([fresh])
+        ledger.unback([fresh])
+        index.prepended([fresh])
+
+    out[f"{label}, index event mapping a fresh chunk run"] = _per_call(chunk_event, 20)
+    walk = len(admit(ledger, side.free_ids(), headroom))
+    out[f"{label}, blocks admitted index/walk"] = index.count(headroom) / max(walk, 1)
+    ledger.listen(None)
+    return out
+
+
+def _per_call(fn: Any, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def engines(rounds: int, tokens: int) -> dict[str, float]:
@@ -198,7 +249,10 @@ def main() -> int:
         costs = admission(blocks)
         print(
             f"admission, {blocks} blocks, limit binding (µs per call): "
-            + ", ".join(f"{k} {v:.1f} µs" for k, v in costs.items())
+            + ", ".join(
+                f"{k} {v:.2f}" if k.endswith("index/walk") else f"{k} {v:.1f} µs"
+                for k, v in costs.items()
+            )
         )
     if args.micro_only:
         return 0

@@ -23,12 +23,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 from kvplan.planner.page_index import PageIndex, merge_ranges
 from kvplan.schemas.plan import BindingPlan
 
 Chunk = tuple[int, int]
 """``(pool index in plan order, chunk number)``."""
+
+
+class ChunkListener(Protocol):
+    def chunk_mapped(self, chunk: Chunk) -> None: ...
+
+    def chunk_unmapped(self, chunk: Chunk) -> None: ...
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -60,6 +67,12 @@ class Ledger:
         self.backed: set[int] = set()
         self.mapped_bytes = 0
         self.peak_mapped_bytes = 0
+        self._listener: ChunkListener | None = None
+
+    def listen(self, listener: ChunkListener | None) -> None:
+        """Tell ``listener`` about every chunk mapped or given back from now on (one
+        listener; ``None`` stops). The admission index keeps itself current this way."""
+        self._listener = listener
 
     # -- geometry -------------------------------------------------------------------------
     def chunk_size(self, chunk: Chunk) -> int:
@@ -162,6 +175,8 @@ class Ledger:
                 if n == 0:
                     self.mapped_bytes += self.chunk_size(c)
                     self.users[c] = set()
+                    if self._listener is not None:
+                        self._listener.chunk_mapped(c)
                 self.refs[c] = n + 1
                 self.users[c].add(b)
         if self.mapped_bytes > self.peak_mapped_bytes:
@@ -186,6 +201,8 @@ class Ledger:
                     size = self.chunk_size(c)
                     self.mapped_bytes -= size
                     freed += size
+                    if self._listener is not None:
+                        self._listener.chunk_unmapped(c)
         return freed
 
 
