@@ -1,0 +1,603 @@
+"""The files of a group directory: the ledger document, the lock, the leases, and how each
+is opened, read, written and probed (``kvplan.elastic.group`` runs the members on them).
+
+No torch, no vLLM. Every descriptor is opened ``O_CLOEXEC`` and without following links."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvplan.elastic import grants
+from kvplan.elastic.grants import GroupState, MemberState, PolicyError
+from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
+from kvplan.schemas.loading import (
+    decode_text,
+    diagnostics_from_validation,
+    parse_text,
+    write_text_atomic,
+)
+
+LEDGER_KIND: Final = "kvplan-group-ledger"
+SNAPSHOT_KIND: Final = "kvplan-group-snapshot"
+LEDGER_FILE = "ledger.json"
+LOCK_FILE = "group.lock"
+MEMBERS_DIR = "members"
+LEASE_SUFFIX = ".lease"
+
+MAX_LEDGER_BYTES = 1 << 20
+"""Largest ledger read (1 MiB; a full one of 64 members is about 40 KiB)."""
+MAX_MEMBERS = 64
+MAX_BYTES = 1 << 60
+"""Largest byte count a ledger holds (1 EiB)."""
+MAX_FACTOR = 4096
+MAX_SCAN = 4096
+"""Most entries looked at when cleaning ``members/`` and the group directory."""
+LOCK_TIMEOUT = 5.0
+"""Seconds a member waits for the group's lock before ``KVP540``."""
+TICK_SECONDS = 0.25
+"""How often :meth:`GroupMember.tick` looks at the ledger (the engine calls it every step)."""
+HOLD_SECONDS = 1.0
+"""A grant that just grew is not shrunk voluntarily for this long (hysteresis in time)."""
+DEBUG_UNLOCKED_ENV = "KVPLAN_DEBUG_GROUP_UNLOCKED"
+"""Test-only negative control: ``1`` makes every read-check-write skip the lock."""
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+_LEASE = r"^[0-9a-f]{32}$"
+_TEMP_PREFIX = f".{LEDGER_FILE}."
+
+
+def _fail(code: Code, where: object, message: str, hint: str = "") -> KVPlanError:
+    return KVPlanError(error(code, printable(str(where)), message, hint))
+
+
+# -- documents --------------------------------------------------------------------------------
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class MemberRecord(_Document):
+    """One member as the ledger keeps it (its bytes; the group charges ``× factor``)."""
+
+    name: str = Field(pattern=_NAME)
+    lease: str = Field(pattern=_LEASE, description="members/<lease>.lease")
+    lease_inode: int = Field(ge=0, le=1 << 64, description="the lease file's inode")
+    pid: int = Field(ge=0, le=1 << 32, description="the process that joined (informational)")
+    factor: int = Field(ge=1, le=MAX_FACTOR)
+    floor_bytes: int = Field(ge=0, le=MAX_BYTES)
+    guarantee_bytes: int = Field(ge=0, le=MAX_BYTES)
+    ceiling_bytes: int = Field(ge=0, le=MAX_BYTES)
+    granted_bytes: int = Field(ge=0, le=MAX_BYTES)
+    claim_bytes: int = Field(ge=0, le=MAX_BYTES)
+    claim_seq: int = Field(ge=0, le=1 << 62)
+    joined_at: float = Field(ge=0)
+
+
+class GroupLedger(_Document):
+    """``ledger.json``: the group's budget and members."""
+
+    kind: Literal["kvplan-group-ledger"] = LEDGER_KIND
+    version: Literal[1] = 1
+    budget_bytes: int = Field(ge=0, le=MAX_BYTES)
+    revision: int = Field(ge=0, le=1 << 62)
+    members: list[MemberRecord] = Field(max_length=MAX_MEMBERS)
+
+
+def to_state(ledger: GroupLedger) -> GroupState:
+    state = GroupState(budget=ledger.budget_bytes, revision=ledger.revision)
+    for r in ledger.members:
+        state.members[r.name] = MemberState(
+            name=r.name,
+            factor=r.factor,
+            floor=r.floor_bytes,
+            guarantee=r.guarantee_bytes,
+            ceiling=r.ceiling_bytes,
+            granted=r.granted_bytes,
+            claim=r.claim_bytes,
+            claim_seq=r.claim_seq,
+            lease=r.lease,
+            lease_inode=r.lease_inode,
+            pid=r.pid,
+            joined_at=r.joined_at,
+        )
+    return state
+
+
+def to_ledger(state: GroupState) -> GroupLedger:
+    return GroupLedger(
+        budget_bytes=state.budget,
+        revision=state.revision,
+        members=[
+            MemberRecord(
+                name=m.name,
+                lease=m.lease,
+                lease_inode=m.lease_inode,
+                pid=m.pid,
+                factor=m.factor,
+                floor_bytes=m.floor,
+                guarantee_bytes=m.guarantee,
+                ceiling_bytes=m.ceiling,
+                granted_bytes=m.granted,
+                claim_bytes=m.claim,
+                claim_seq=m.claim_seq,
+                joined_at=m.joined_at,
+            )
+            for m in sorted(state.members.values(), key=lambda m: m.name)
+        ],
+    )
+
+
+# -- paths and descriptors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupPaths:
+    directory: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / LOCK_FILE
+
+    @property
+    def ledger(self) -> Path:
+        return self.directory / LEDGER_FILE
+
+    @property
+    def members(self) -> Path:
+        return self.directory / MEMBERS_DIR
+
+    def lease(self, lease: str) -> Path:
+        return self.members / f"{lease}{LEASE_SUFFIX}"
+
+    def lease_name(self, lease: str) -> str:
+        """:meth:`lease` as a string (cheaper: the reaper builds one per member and op)."""
+        return f"{self.directory}/{MEMBERS_DIR}/{lease}{LEASE_SUFFIX}"
+
+
+_OPEN: set[_Descriptor] = set()
+"""Every group descriptor this process holds open (closed in a forked child)."""
+
+
+class _Descriptor:
+    """A descriptor kvplan holds for a group (lock or lease); closed in a forked child."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+        self.pid = os.getpid()
+        _OPEN.add(self)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        _OPEN.discard(self)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def forget_in_child(self) -> None:
+        """After fork: drop the inherited copy without unlocking the parent's lock."""
+        if self.pid != os.getpid():
+            self.close()
+
+
+def _after_fork_in_child() -> None:
+    for item in list(_OPEN):
+        item.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_RDONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o666) -> int:
+    """Open ``path`` (never through a symbolic link, never blocking on a fifo) and make sure
+    it is a regular file; the descriptor. ``FileNotFoundError`` passes through."""
+    try:
+        fd = os.open(path, flags, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _fail(code, path, f"the {what} is a symbolic link.", "remove it") from None
+        reason = exc.strerror or type(exc).__name__
+        raise _fail(
+            code, path, f"the {what} cannot be opened: {reason}.", "check its permissions"
+        ) from None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _fail(code, path, f"the {what} is not a regular file.", "remove it")
+    return fd
+
+
+def _check_directory(directory: Path) -> GroupPaths:
+    paths = GroupPaths(Path(directory))
+    try:
+        info = os.stat(paths.directory)
+    except OSError as exc:
+        reason = "does not exist" if exc.errno == errno.ENOENT else (exc.strerror or "error")
+        raise _fail(
+            Code.GROUP_UNREACHABLE,
+            paths.directory,
+            f"the group directory {reason}.",
+            "create it (mkdir) or point KVPLAN_GROUP at the group's directory",
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise _fail(
+            Code.GROUP_UNREACHABLE,
+            paths.directory,
+            "the group directory is not a directory.",
+            "point KVPLAN_GROUP at the group's directory",
+        )
+    return paths
+
+
+def _ensure_members_dir(paths: GroupPaths) -> None:
+    with contextlib.suppress(FileExistsError):
+        try:
+            os.mkdir(paths.members, 0o777)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise _fail(
+                Code.GROUP_UNREACHABLE,
+                paths.members,
+                f"cannot create the members directory: {exc.strerror or type(exc).__name__}.",
+                "make the group directory writable",
+            ) from None
+    info = os.lstat(paths.members)
+    if not stat.S_ISDIR(info.st_mode):
+        raise _fail(
+            Code.GROUP_UNREACHABLE,
+            paths.members,
+            "the members directory is not a directory (or is a symbolic link).",
+            "remove it; kvplan creates it",
+        )
+
+
+def _unlocked() -> bool:
+    return os.environ.get(DEBUG_UNLOCKED_ENV) == "1"
+
+
+class GroupLock(_Descriptor):
+    """The group's ``flock``; :meth:`hold` waits at most ``timeout`` seconds."""
+
+    def __init__(self, paths: GroupPaths, *, create: bool) -> None:
+        flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | _RDONLY
+        try:
+            fd = _open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE)
+        except FileNotFoundError:
+            raise _fail(
+                Code.GROUP_UNREACHABLE,
+                paths.directory,
+                "the directory is not a kvplan group (no group.lock).",
+                "start an engine with KVPLAN_GROUP naming it, or run kvplan limit on it",
+            ) from None
+        super().__init__(fd)
+        self.paths = paths
+
+    @contextlib.contextmanager
+    def hold(self, timeout: float) -> Iterator[None]:
+        """Hold the lock exclusively (``KVP540`` after ``timeout`` s)."""
+        if _unlocked():
+            yield
+            return
+        assert self.fd is not None
+        _flock_bounded(self.fd, fcntl.LOCK_EX, timeout, self.paths.lock, "the group's lock")
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    pause = 50e-6
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise _fail(
+                Code.GROUP_UNREACHABLE,
+                where,
+                f"cannot lock {what}: {exc.strerror or type(exc).__name__}.",
+                "check the file system holding the group (flock must work there)",
+            ) from None
+        if time.monotonic() >= deadline:
+            raise _fail(
+                Code.GROUP_UNREACHABLE,
+                where,
+                f"{what} was held by another process for more than {timeout:g} s.",
+                "find the process that hangs holding it (fuser/lsof on the file); "
+                "a dead holder releases it by itself",
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+# -- the ledger -------------------------------------------------------------------------------
+
+
+def _ledger_problem(paths: GroupPaths, message: str) -> KVPlanError:
+    return _fail(
+        Code.GROUP_LEDGER_INVALID,
+        paths.ledger,
+        f"the group ledger {message}",
+        "stop the group's engines and remove the group directory (kvplan writes the ledger)",
+    )
+
+
+def read_ledger(paths: GroupPaths) -> GroupLedger | None:
+    """The group's ledger; ``None`` when there is none. ``KVP541`` for anything else that is
+    not a valid ledger (symbolic link, fifo, directory, too large, torn, hostile values)."""
+    try:
+        fd = _open_regular(paths.ledger, _RDONLY, "group ledger", Code.GROUP_LEDGER_INVALID)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks = []
+        size = 0
+        while size <= MAX_LEDGER_BYTES:
+            part = os.read(fd, MAX_LEDGER_BYTES + 1 - size)
+            if not part:
+                break
+            chunks.append(part)
+            size += len(part)
+    except OSError as exc:
+        raise _ledger_problem(paths, f"cannot be read: {exc.strerror or 'error'}.") from None
+    finally:
+        os.close(fd)
+    if size > MAX_LEDGER_BYTES:
+        raise _ledger_problem(paths, f"is larger than {MAX_LEDGER_BYTES >> 20} MiB.")
+    raw = b"".join(chunks)
+    known = _LAST.get(str(paths.ledger))
+    if known is not None and known[0] == raw:
+        return known[1]  # the very bytes this process last read or wrote: the same ledger
+    ledger = _parse_ledger(paths, raw)
+    _LAST[str(paths.ledger)] = (raw, ledger)
+    return ledger
+
+
+_LAST: dict[str, tuple[bytes, GroupLedger]] = {}
+"""Per ledger path, the bytes this process last read or wrote and what they parse to: an
+unchanged ledger is not parsed again (the comparison is of the whole content, so it is exact)."""
+
+
+def _parse_ledger(paths: GroupPaths, raw: bytes) -> GroupLedger:
+    name = str(paths.ledger)
+    try:
+        data: Any = parse_text(decode_text(raw, name), name)
+    except KVPlanError as exc:
+        first = exc.diagnostics[0]
+        raise _ledger_problem(
+            paths, f"cannot be used: {first.code.value} {first.message.rstrip('.')}."
+        ) from None
+    if not isinstance(data, dict) or data.get("kind") != LEDGER_KIND:
+        got = show_value(data.get("kind")) if isinstance(data, dict) else show_value(data)
+        raise _ledger_problem(paths, f"is not a {LEDGER_KIND} document (kind {got}).")
+    if data.get("version") != 1:
+        raise _ledger_problem(
+            paths, f"has version {show_value(data.get('version'))}; this kvplan reads 1."
+        )
+    try:
+        ledger = GroupLedger.model_validate(data)
+    except ValidationError as exc:
+        diags = diagnostics_from_validation(exc, name, data)
+        field = diags[0].location.removeprefix(name).lstrip(":. ") or "?"
+        raise _ledger_problem(paths, f"has a bad field {field}: {diags[0].message}.") from None
+    names = [m.name for m in ledger.members]
+    leases = [m.lease for m in ledger.members]
+    if len(set(names)) != len(names) or len(set(leases)) != len(leases):
+        raise _ledger_problem(paths, "names a member or a lease twice.")
+    problems = grants.check_state(to_state(ledger))
+    if problems:
+        raise _ledger_problem(paths, f"breaks the group's rules: {problems[0]}.")
+    return ledger
+
+
+def _signature(state: GroupState) -> tuple[object, ...]:
+    """Everything a ledger records of ``state`` (to tell whether an operation changed it)."""
+    return (
+        state.budget,
+        tuple(
+            (m.name, m.lease, m.lease_inode, m.pid, m.factor, m.floor, m.guarantee, m.ceiling,
+             m.granted, m.claim, m.claim_seq, m.joined_at)
+            for m in sorted(state.members.values(), key=lambda m: m.name)
+        ),
+    )  # fmt: skip
+
+
+def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
+    """Replace the ledger atomically (``KVP540`` when it cannot be written)."""
+    text = ledger.model_dump_json(indent=1) + "\n"
+    try:
+        write_text_atomic(paths.ledger, text)
+        _LAST[str(paths.ledger)] = (text.encode(), ledger)
+    except KVPlanError as exc:
+        first = exc.diagnostics[0]
+        raise _fail(
+            Code.GROUP_UNREACHABLE,
+            paths.ledger,
+            f"cannot write the group ledger: {first.message.rstrip('.')}.",
+            first.hint or "make the group directory writable",
+        ) from None
+
+
+def _ledger_stamp(paths: GroupPaths) -> tuple[int, int, int] | None:
+    try:
+        info = os.lstat(paths.ledger)
+    except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+# -- leases -----------------------------------------------------------------------------------
+
+
+class Lease(_Descriptor):
+    """A shared ``flock`` on a member's lease file, held for this process's life (or until
+    :meth:`close`). A member is alive while any of its processes holds one."""
+
+    def __init__(self, fd: int, path: Path, inode: int) -> None:
+        super().__init__(fd)
+        self.path = path
+        self.inode = inode
+
+    @classmethod
+    def create(cls, paths: GroupPaths, lease: str) -> Lease:
+        path = paths.lease(lease)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = _open_regular(path, flags, "lease file", Code.GROUP_UNREACHABLE, 0o644)
+        except FileNotFoundError:
+            raise _fail(
+                Code.GROUP_UNREACHABLE, path, "cannot create the lease file.", "check members/"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            inode = os.fstat(fd).st_ino
+        except OSError as exc:
+            os.close(fd)
+            raise _fail(
+                Code.GROUP_UNREACHABLE,
+                path,
+                f"cannot lock the new lease file: {exc.strerror or type(exc).__name__}.",
+                "check the file system holding the group (flock must work there)",
+            ) from None
+        return cls(fd, path, inode)
+
+    def still_mine(self) -> bool:
+        """The lease file at its path is still the one this process locked."""
+        try:
+            return os.lstat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+
+class Liveness:
+    ALIVE: Final = "alive"
+    DEAD: Final = "dead"
+    TAMPERED: Final = "tampered"
+
+
+def probe_lease(paths: GroupPaths, lease: str, inode: int) -> str:
+    """:data:`Liveness` of the member holding ``lease``: ``dead`` when its file is gone or
+    nobody holds it; ``tampered`` when the file is not the one the member locked."""
+    try:
+        fd = os.open(paths.lease_name(lease), _RDONLY)
+    except FileNotFoundError:
+        return Liveness.DEAD
+    except OSError:
+        return Liveness.TAMPERED
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_ino != inode:
+            return Liveness.TAMPERED
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Liveness.ALIVE
+        return Liveness.DEAD
+    finally:
+        os.close(fd)
+
+
+def _tampered(paths: GroupPaths, lease: str, name: str) -> KVPlanError:
+    return _fail(
+        Code.GROUP_LEASE_LOST,
+        paths.lease(lease),
+        f"the lease file of member {name} is not the file it locked (replaced, or not a "
+        "regular file); its liveness cannot be told.",
+        f"stop that member, remove the file, and start it again (it rejoins as {name})",
+    )
+
+
+def reap(paths: GroupPaths, state: GroupState, keep: str | None = None) -> list[str]:
+    """Remove the dead members (``keep``: never this one); their names. Runs inside the
+    exclusive lock: a dead member's lease file is removed while the reaper holds it."""
+    dead = []
+    for name, m in list(state.members.items()):
+        if name == keep:
+            continue
+        lease = m.lease
+        found = probe_lease(paths, lease, m.lease_inode)
+        if found == Liveness.TAMPERED:
+            raise _tampered(paths, lease, name)
+        if found == Liveness.DEAD:
+            grants.leave(state, name)
+            with contextlib.suppress(OSError):
+                os.unlink(paths.lease_name(lease))
+            dead.append(name)
+    return dead
+
+
+def _still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
+    """Whether ``m`` is alive, asked a few times a millisecond apart: a reader (``kvplan
+    top``) probing a dead member's lease holds it for a moment, which looks like a holder."""
+    for i in range(tries):
+        found = probe_lease(paths, m.lease, m.lease_inode)
+        if found == Liveness.TAMPERED:
+            raise _tampered(paths, m.lease, m.name)
+        if found == Liveness.DEAD:
+            return False
+        if i + 1 < tries:
+            time.sleep(0.002)
+    return True
+
+
+def _clean(paths: GroupPaths, ledger: GroupLedger | None) -> None:
+    """Remove what killed writers and joiners left: temporary ledgers and unlocked lease
+    files the ledger does not name (inside the exclusive lock; bounded)."""
+    known = {m.lease for m in ledger.members} if ledger else set()
+    with contextlib.suppress(OSError), os.scandir(paths.directory) as entries:
+        for i, entry in enumerate(entries):
+            if i >= MAX_SCAN:
+                break
+            if entry.name.startswith(_TEMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    with contextlib.suppress(OSError), os.scandir(paths.members) as entries:
+        for i, entry in enumerate(entries):
+            if i >= MAX_SCAN:
+                break
+            stem = entry.name.removesuffix(LEASE_SUFFIX)
+            if stem == entry.name or stem in known or not re.fullmatch(_LEASE, stem):
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            if probe_lease(paths, stem, entry.inode()) == Liveness.DEAD:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _policy_error(exc: PolicyError, where: object) -> KVPlanError:
+    code = {
+        "guarantees": Code.GROUP_GUARANTEES_EXCEED_BUDGET,
+        "name": Code.GROUP_MEMBER_REFUSED,
+    }.get(exc.kind, Code.GROUP_BAD_REQUEST)
+    hint = {
+        Code.GROUP_GUARANTEES_EXCEED_BUDGET: "raise the group's budget (kvplan limit) or "
+        "lower a guarantee",
+        Code.GROUP_MEMBER_REFUSED: "give the engine another name (KVPLAN_ENGINE_NAME)",
+    }.get(code, "pass a value within the rules")
+    return _fail(code, where, str(exc) + ".", hint)
