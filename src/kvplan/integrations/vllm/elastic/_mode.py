@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvplan.integrations.vllm.elastic import _group as group
 from kvplan.integrations.vllm.elastic import _refusals as refusals
 from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
-from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, MapFailed, geometry_digest
+from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, SEQ_ATTR, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
 from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
@@ -31,6 +32,7 @@ from kvplan.integrations.vllm.elastic._settings import (
     read_elastic_settings,
 )
 from kvplan.integrations.vllm.elastic._worker import (
+    WorkerSide,
     attach_worker,
     detach_cache,
     worker_of,
@@ -40,6 +42,7 @@ from kvplan.integrations.vllm.pipeline import Call, Handler, Runtime, plan_step
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 
 if TYPE_CHECKING:
+    from kvplan.elastic.group import GroupMember
     from kvplan.elastic.ledger import Ledger
     from kvplan.executor import BoundKVCache
     from kvplan.integrations.vllm.pipeline.settings import Settings
@@ -66,6 +69,10 @@ class ElasticMode:
         """Engine core: the config the engine's KV caches are being sized for."""
         self.sides: list[SchedulerSide] = []
         """Engine core: the elastic block pools (one per engine in this process)."""
+        self.member: GroupMember | None = None
+        """Engine core: this engine's membership of ``KVPLAN_GROUP`` (joined once sized)."""
+        self.workers: list[WorkerSide] = []
+        """Worker: the elastic caches this process bound (closed when the engine shuts down)."""
 
     @classmethod
     def from_environment(
@@ -114,6 +121,7 @@ class ElasticMode:
             ),
             "elastic/request-memory": request_memory,
             "elastic/initialize-kv-caches": self.initialize_kv_caches,
+            "elastic/shutdown": self.shutdown,
             "elastic/rank-configs": self.record_rank_configs,
             "elastic/scheduler-init": self.scheduler_init,
             "elastic/schedule": self.schedule,
@@ -144,8 +152,18 @@ class ElasticMode:
         side = worker_side(
             cache, self.settings, dump_dir=self.dump_dir, backend=self.backend, label=label
         )
+        lease = group.attach_worker(self.settings, group.member_name(self.dump_dir))
         attach_worker(owner, side)
-        return lambda: detach_cache(cache)  # the last stats snapshot
+        self.workers.append(side)
+
+        def closed() -> None:
+            detach_cache(cache)  # the last stats snapshot
+            if side in self.workers:
+                self.workers.remove(side)
+            if lease is not None:
+                group.close_quietly(lease)  # unmapped: this process no longer keeps it alive
+
+        return closed
 
     def describe(self) -> dict[str, Any]:
         return self.settings.as_dict()
@@ -176,9 +194,24 @@ class ElasticMode:
                     limit = default_limits(self.settings, ledger.reserved_bytes)[0]
                     if limit < floor:
                         raise refusals.elastic_limit_too_small(limit, floor)
+                    self.join_group(ledger, floor, self.vllm_config)
                 except KVPlanError as exc:
                     raise runtime.refuse(exc) from None
         return call.run()
+
+    def join_group(self, ledger: Ledger, floor: int, vllm_config: Any) -> None:
+        """Join ``KVPLAN_GROUP`` (once): before any worker maps its null block."""
+        if self.settings.group is None or self.member is not None:
+            return
+        world = int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
+        self.member = group.join(
+            self.settings,
+            name=group.member_name(self.dump_dir),
+            floor=floor,
+            ceiling=ledger.reserved_bytes,
+            initial=ledger.mapped_bytes,
+            factor=group.charge_factor(self.backend, world),
+        )
 
     def scheduler_init(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.__init__``: build the ledger and make the block pool elastic."""
@@ -213,6 +246,8 @@ class ElasticMode:
             side.floor = engine_floor(ledger, configs[0], call.arguments["vllm_config"])
             if side.limit < side.floor:
                 raise refusals.elastic_limit_too_small(side.limit, side.floor)
+            self.join_group(ledger, side.floor, call.arguments["vllm_config"])
+            side.group = self.member
         except KVPlanError as exc:
             raise runtime.refuse(exc) from None
         make_elastic(pool, side)
@@ -235,18 +270,43 @@ class ElasticMode:
         ops = side.ops()
         if ops is not None:
             setattr(output, OPS_ATTR, ops)
-        return output
+        setattr(output, SEQ_ATTR, side.seq)  # the operations sent so far: this step's output
+        return output  # confirms them (``update_from_output``)
 
     def update_from_output(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.update_from_output``: a step whose maps failed becomes out of blocks."""
         scheduler = call.arguments["self"]
         side = side_of(scheduler)
+        output = call.arguments["scheduler_output"]
         if side is not None and side.failed:
-            ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+            ops = getattr(output, OPS_ATTR, None)
             failed = side.failed.pop(ops.seq, None) if ops is not None else None
             if failed is not None:
                 recover_failed_map(scheduler, side, failed)
-        return call.run()
+        result = call.run()
+        seq = getattr(output, SEQ_ATTR, None)
+        if side is not None and seq is not None:
+            side.confirm(seq)
+        return result
+
+    def shutdown(self, runtime: Runtime, call: Call) -> Any:
+        """``EngineCore.shutdown``: vLLM stops its workers; this process's elastic caches are
+        closed (unmapped) and only then does the engine leave its group (unmap, then
+        release: the grant never covers less than what is mapped)."""
+        try:
+            return call.run()
+        finally:
+            for side in list(self.workers):
+                if not side.cache.closed:
+                    side.cache.close()
+                    detach_cache(side.cache)
+            self.workers.clear()
+            member, self.member = self.member, None
+            if member is not None:
+                try:
+                    member.leave()
+                except KVPlanError as exc:
+                    logger.warning("kvplan: leaving the group failed: %s", exc)
 
     def before_step(self, runtime: Runtime, call: Call) -> None:
         """``Worker.execute_model``: unmap, then map, this step's blocks (vLLM runs it next)."""

@@ -17,6 +17,9 @@ SCHEDULER_FIGURES = (
     "floor_bytes", "asked_limit_bytes",
 )  # fmt: skip
 """The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
+SEQ_ATTR = "kvplan_elastic_seq"
+"""The ``SchedulerOutput`` attribute with the last ``ElasticOps.seq`` sent when it was
+scheduled: its output confirms the workers ran every operation up to it."""
 OPS_ATTR = "kvplan_elastic"
 """The ``SchedulerOutput`` attribute that carries a step's :class:`ElasticOps`."""
 SAMPLED_BLOCKS = 64

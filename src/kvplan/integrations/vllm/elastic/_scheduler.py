@@ -17,13 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic._ops import ElasticOps, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
-from kvplan.schemas.errors import Diagnostic
+from kvplan.schemas.errors import Diagnostic, KVPlanError
 
 if TYPE_CHECKING:
+    from kvplan.elastic.group import GroupMember
     from kvplan.elastic.ledger import Ledger
 
 logger = logging.getLogger("vllm.kvplan")
 
+GROW_ATTEMPTS = 3
+"""Group requests a step may make when admission is short (each one flock + ledger write)."""
+GROW_BLOCKS = 256
+"""At most this many blocks' worth is asked of the group at once (then a quarter, a quantum)."""
 LIMIT_POLL_SECONDS = 0.5
 """How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
 SENT_KEPT = 8
@@ -68,6 +73,15 @@ class SchedulerSide:
         """Count free blocks as vLLM does: while vLLM checks that every block is free, and
         while it takes blocks already chosen within the limit."""
         self._counted: tuple[tuple[int, ...], int] | None = None
+        self.group: GroupMember | None = None
+        """The engine's membership of a group (``KVPLAN_GROUP``): its grant bounds the limit."""
+        self.grow_attempts = 0
+        """Group requests made in this step (at most :data:`GROW_ATTEMPTS`)."""
+        self.unconfirmed: dict[int, int] = {}
+        """Bytes unbacked by the operations of step ``seq`` that no step's output has confirmed
+        yet (the workers may not have unmapped them): still counted against the grant."""
+        self.step_unbacked = 0
+        self.group_failed = False
         self.sent: dict[int, ElasticOps] = {}
         """The last few operations sent, by ``seq``: a worker in this process finds its
         scheduler by identity (a worker in another process holds an unpickled copy)."""
@@ -75,8 +89,65 @@ class SchedulerSide:
 
     # -- budget ---------------------------------------------------------------------------
     def effective_limit(self) -> int:
-        """The limit, or less while mapping is held after a failed map."""
-        return self.limit if self.ceiling is None else min(self.limit, self.ceiling)
+        """The limit, or less while mapping is held after a failed map, or less when the
+        group grants less (a claim of another member included)."""
+        limit = self.limit if self.ceiling is None else min(self.limit, self.ceiling)
+        if self.group is not None:
+            limit = min(limit, self.group.effective_limit)
+        return limit
+
+    # -- the group --------------------------------------------------------------------------
+    def grow(self, more: int) -> bool:
+        """Ask the group for ``more`` bytes beyond what is mapped (halving down to a quantum
+        when that much is not free; at most :data:`GROW_ATTEMPTS` requests a step). True
+        when the effective limit rose."""
+        group = self.group
+        if group is None or self.group_failed:
+            return False
+        own = self.limit if self.ceiling is None else min(self.limit, self.ceiling)
+        before = group.effective_limit
+        ask = max(more, group.quantum)
+        while self.grow_attempts < GROW_ATTEMPTS:
+            want = min(own, self.ledger.mapped_bytes + ask)
+            if want <= group.effective_limit:
+                break
+            self.grow_attempts += 1
+            try:
+                if group.request(want):
+                    break
+            except KVPlanError as exc:
+                self.fail_group(exc)
+                return False
+            if ask <= group.quantum:
+                break
+            ask = max(group.quantum, ask // 4)
+        if group.effective_limit != before:
+            self.version += 1
+            return True
+        return False
+
+    def fail_group(self, exc: KVPlanError) -> None:
+        """The group's accounting cannot be reached any more: map nothing new (the grant is
+        all the engine has), say so once."""
+        self.group_failed = True
+        logger.error(
+            "kvplan: the group's accounting failed (%s); this engine maps no new memory",
+            exc.diagnostics[0].render() if exc.diagnostics else exc,
+        )
+
+    def confirm(self, seq: int) -> None:
+        """The output of the step scheduled after operations ``seq`` arrived: the workers ran
+        them, so the bytes they unbacked are unmapped; give the grant back down to what may
+        still be mapped (the group's hysteresis decides how much)."""
+        for done in [s for s in self.unconfirmed if s <= seq]:
+            del self.unconfirmed[done]
+        group = self.group
+        if group is None or self.group_failed:
+            return
+        try:
+            group.release(self.ledger.mapped_bytes + sum(self.unconfirmed.values()))
+        except KVPlanError as exc:
+            self.fail_group(exc)
 
     def tight(self) -> bool:
         """Whether the limit can bind at all (below the whole reservation)."""
@@ -98,6 +169,15 @@ class SchedulerSide:
             block = block.next_free_block
 
     def free_count(self, vanilla: int) -> int:
+        """:meth:`count_free`, after asking the group for more when its grant is what binds."""
+        count = self.count_free(vanilla)
+        if count < vanilla and self.group is not None and self.grow_attempts < GROW_ATTEMPTS:
+            cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
+            if self.grow(min(vanilla - count, GROW_BLOCKS) * cost):
+                count = self.count_free(vanilla)
+        return count
+
+    def count_free(self, vanilla: int) -> int:
         """What ``get_num_free_blocks()`` says: the free blocks that can be backed within the
         limit, as :func:`~kvplan.elastic.ledger.admit` would take them in vLLM's free-queue
         order (``vanilla``: vLLM's own count).
@@ -130,7 +210,10 @@ class SchedulerSide:
     def choose(self, wanted: int) -> list[int]:
         from kvplan.elastic.ledger import admit
 
-        return admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+        chosen = admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+        if len(chosen) < wanted and self.grow((wanted - len(chosen)) * self.ledger.max_block_cost):
+            chosen = admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+        return chosen
 
     def backed(self, block_ids: list[int]) -> None:
         self.pending_map.extend(self.ledger.back(block_ids))
@@ -188,6 +271,14 @@ class SchedulerSide:
     def before_schedule(self) -> None:
         """Give memory back before the step allocates (see :func:`kvplan.elastic.ledger.trim`)."""
         self.poll_limit()
+        self.grow_attempts = 0
+        if self.group is not None and not self.group_failed:
+            try:
+                if self.group.tick():  # a new budget, a claim to serve, a claim served
+                    self.dirty = True
+                    self.version += 1
+            except KVPlanError as exc:
+                self.fail_group(exc)
         if self.ceiling is not None and time.monotonic() >= self.retry_at:
             self.ceiling = None
             self.dirty = True
@@ -205,9 +296,11 @@ class SchedulerSide:
             for b in self.ledger.backed
             if b != 0 and blocks[b].ref_cnt == 0
         ]
+        mapped = self.ledger.mapped_bytes
         result = trim(
             self.ledger, free, limit=limit, cache_limit=self.cache_limit, reserve=self.reserve
         )
+        self.step_unbacked += mapped - self.ledger.mapped_bytes
         for b in result.evict:
             pool._maybe_evict_cached_block(blocks[b])
         self.pending_unmap.extend(result.unback)
@@ -247,6 +340,9 @@ class SchedulerSide:
             asked_limit_bytes=self.asked_limit,
         )
         self.pending_map, self.pending_unmap = [], []
+        if self.step_unbacked:
+            self.unconfirmed[ops.seq] = self.step_unbacked
+            self.step_unbacked = 0
         self._last_sent = state
         self.sent[ops.seq] = ops
         self.sent.pop(ops.seq - SENT_KEPT, None)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from kvplan.integrations.vllm.pipeline.settings import flag
+from kvplan.integrations.vllm.pipeline.settings import directory_setting, flag
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 
 ENV_MEMORY_LIMIT = "KVPLAN_MEMORY_LIMIT"
@@ -21,6 +22,10 @@ ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
 ENV_CAPACITY = "KVPLAN_CAPACITY"
+ENV_GROUP = "KVPLAN_GROUP"
+ENV_GROUP_BUDGET = "KVPLAN_GROUP_BUDGET"
+ENV_GROUP_GUARANTEE = "KVPLAN_GROUP_GUARANTEE"
+ENV_ENGINE_NAME = "KVPLAN_ENGINE_NAME"
 
 _DIGITS = re.compile("[0-9]{1,10}")
 """A map number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
@@ -61,9 +66,18 @@ class ElasticSettings:
     capacity_tokens: int | None = None
     """``KVPLAN_CAPACITY`` given in tokens (``65536t``): converted with the model's bytes per
     token when the worker sizes its cache."""
+    group: Path | None = None
+    """``KVPLAN_GROUP``: the group directory whose one budget this engine draws from."""
+    group_budget: int | None = None
+    """``KVPLAN_GROUP_BUDGET``: the budget a group is created with (its first member)."""
+    group_guarantee: int | None = None
+    """``KVPLAN_GROUP_GUARANTEE``: this member's guaranteed bytes (default: its floor)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
+            "group": None if self.group is None else str(self.group),
+            "group_budget": self.group_budget,
+            "group_guarantee": self.group_guarantee,
             "capacity": self.capacity,
             "capacity_tokens": self.capacity_tokens,
             "memory_limit": self.limit,
@@ -133,9 +147,24 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
     capacity, tokens = _capacity(env, problems)
+    group = directory_setting(env, ENV_GROUP, problems)
+    budget = _size(env, ENV_GROUP_BUDGET, problems)
+    guarantee = _size(env, ENV_GROUP_GUARANTEE, problems)
+    if group is None:
+        for name in (ENV_GROUP_BUDGET, ENV_GROUP_GUARANTEE):
+            if env.get(name, "").strip():
+                problems.append(
+                    error(
+                        Code.INTEGRATION,
+                        name,
+                        f"{name} is set but {ENV_GROUP} is not: there is no group to apply it to.",
+                        f"set {ENV_GROUP}=DIR (the group's directory), or unset {name}",
+                    )
+                )
     settings = ElasticSettings(
-        limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens
-    )
+        limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens,
+        group, budget, guarantee,
+    )  # fmt: skip
     return settings, problems
 
 

@@ -118,6 +118,11 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
         ("generate_scheduler_kv_cache_config", "initialize_from_config"),
     ),
     Target(
+        "vllm.v1.engine.core", "EngineCore.shutdown", ("self",), ELASTIC,
+        "elastic: the workers stopped, this process's caches closed, then the engine "
+        "leaves its group", "elastic/shutdown", None, ("shutdown",),
+    ),
+    Target(
         "vllm.v1.engine.core", "generate_scheduler_kv_cache_config", ("kv_cache_configs",),
         ELASTIC, "elastic: every rank's KVCacheConfig, before the scheduler is built",
         "elastic/rank-configs",

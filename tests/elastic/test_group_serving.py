@@ -1,0 +1,116 @@
+"""Two engines' scheduler sides in one group, on vLLM 0.33's real ``BlockPool``: the grant
+bounds admission, grows when admission is short, is given back once the workers confirmed
+the unmaps, and a member below its guarantee gets back what a borrower holds (cached pages
+first, then as its blocks are freed). The whole engines are in ``tests/engine``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvplan.elastic.group import read_snapshot, set_budget
+from kvplan.elastic.ledger import Ledger
+from kvplan.integrations.vllm.elastic import ElasticSettings, SchedulerSide, make_elastic
+from kvplan.integrations.vllm.elastic._group import join
+from tests import _builders as builders
+from tests.elastic.test_ledger import PAGE, plan_of
+
+pytestmark = pytest.mark.vllm
+NUM_BLOCKS = 256
+
+
+def _member_side(directory: Path, name: str, guarantee_blocks: int) -> tuple[Any, SchedulerSide]:
+    from vllm.v1.core.block_pool import BlockPool
+
+    plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
+    ledger = Ledger(plan, PAGE)
+    pool = BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
+    block = sum(ledger.chunk_size(c) for c in ledger.chunks(1))
+    settings = ElasticSettings(
+        cache_limit=0, reserve=0, group=directory, group_guarantee=guarantee_blocks * block
+    )
+    side = SchedulerSide(ledger, settings, pool, None)
+    side.floor = 2 * block
+    side.group = join(
+        settings,
+        name=name,
+        floor=side.floor,
+        ceiling=ledger.reserved_bytes,
+        initial=ledger.mapped_bytes,
+        factor=1,
+    )
+    side.group.hold_seconds = 0.0  # no hysteresis in time: the test steps faster than a second
+    make_elastic(pool, side)
+    return pool, side
+
+
+def _step(side: SchedulerSide) -> None:
+    """One engine step as the handlers run it: trim before, operations after, the output
+    confirming them."""
+    side.before_schedule()
+    side.group.tick(force=True)  # type: ignore[union-attr]
+    side.ops()
+    side.confirm(side.seq)
+
+
+def _charged(directory: Path) -> int:
+    return read_snapshot(directory).granted_bytes
+
+
+def test_a_borrower_gives_back_what_a_member_below_its_guarantee_claims(tmp_path: Path) -> None:
+    block_bytes = 4 * 4 * 1024  # 4 layers x 4 KiB pages
+    budget = 96 * block_bytes
+    set_budget(tmp_path, budget, create=True)
+    pool_a, a = _member_side(tmp_path, "a", guarantee_blocks=16)
+    pool_b, b = _member_side(tmp_path, "b", guarantee_blocks=16)
+    assert a.tight() and b.tight()  # the group's grant binds each
+
+    # a bursts: its admission asks the group for more, several times a step if need be
+    got = []
+    for _ in range(8):
+        n = pool_a.get_num_free_blocks()
+        if n <= 0:
+            break
+        got += pool_a.get_new_blocks(min(n, 16))
+        _step(a)
+    assert len(got) > 48  # far above its guarantee: a borrows what b does not use
+    assert _charged(tmp_path) <= budget
+    assert a.ledger.mapped_bytes <= a.group.granted  # type: ignore[union-attr]
+
+    # b needs its guarantee while a holds nearly all of the budget
+    wanted = 16
+    assert pool_b.get_num_free_blocks() < wanted
+    claimed = read_snapshot(tmp_path)
+    assert any(m.name == "b" and m.claim_bytes > 0 for m in claimed.members)
+
+    # a's next steps: its effective limit drops; blocks it frees are given back
+    pool_a.free_blocks(got[len(got) // 2 :])
+    for _ in range(3):
+        _step(a)
+    _step(b)
+    assert pool_b.get_num_free_blocks() >= wanted  # b got its guarantee back from a
+    taken = pool_b.get_new_blocks(wanted)
+    assert len(taken) == wanted
+    for side in (a, b):
+        assert side.ledger.mapped_bytes <= side.group.granted  # type: ignore[union-attr]
+    assert _charged(tmp_path) <= budget
+
+
+def test_grants_are_given_back_only_when_the_unmaps_are_confirmed(tmp_path: Path) -> None:
+    block_bytes = 4 * 4 * 1024
+    set_budget(tmp_path, 128 * block_bytes, create=True)
+    pool, side = _member_side(tmp_path, "solo", guarantee_blocks=8)
+    blocks = pool.get_new_blocks(64)
+    _step(side)
+    granted = side.group.granted  # type: ignore[union-attr]
+    pool.free_blocks(blocks)
+    side.before_schedule()  # trims: the blocks are unbacked in the ledger, not yet on workers
+    ops = side.ops()
+    assert ops is not None and ops.unmap
+    side.confirm(ops.seq - 1)  # an older step's output: the unmaps may not have run
+    assert side.group.granted >= side.ledger.mapped_bytes + sum(side.unconfirmed.values())  # type: ignore[union-attr]
+    side.confirm(ops.seq)
+    assert side.group.granted < granted  # type: ignore[union-attr]
+    assert side.group.granted >= side.ledger.mapped_bytes  # type: ignore[union-attr]
