@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
+from kvplan.cli import _group_view
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -98,12 +99,28 @@ def limit_command(
     json_out: Annotated[
         bool, typer.Option("--json", help="print what was written and each engine's floor")
     ] = False,
+    group: Annotated[
+        bool,
+        typer.Option(
+            "--group",
+            help="DIR is a group of engines (KVPLAN_GROUP): set its one budget (creating the "
+            "group if it has none yet), or with --member a member's guarantee",
+        ),
+    ] = False,
+    member: Annotated[
+        str | None,
+        typer.Option("--member", metavar="NAME", help="with --group: set NAME's guarantee"),
+    ] = None,
 ) -> None:
-    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json).
+    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json),
+    or of a group of engines (--group DIR, or DIR a group directory).
 
     Exit 0 written; 1 written, but below the floor of an engine dumping into DIR (that engine
     raises it to its floor); 2 an error (nothing written)."""
     limit = parse_limit_size(size, "SIZE")
+    if group or member is not None or _group_view.is_group(directory):
+        _limit_group(directory, limit, member, cache, json_out)
+        return
     cache_limit = parse_limit_size(cache, "--cache", zero_ok=True) if cache is not None else None
     if cache_limit is not None and cache_limit > limit:
         raise KVPlanError(
@@ -167,6 +184,29 @@ def limit_command(
     )
     if below:
         raise typer.Exit(EXIT_DIFFERENT)
+
+
+def _limit_group(
+    directory: Path, size: int, member: str | None, cache: str | None, json_out: bool
+) -> None:
+    if cache is not None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "--cache",
+                "a group has one budget for its members' mapped bytes; each member keeps its "
+                "own cache limit (its dump directory's limit.json).",
+                "drop --cache, or run kvplan limit on the member's dump directory",
+            )
+        )
+    if not directory.exists():
+        directory.mkdir(parents=True)
+    _directory(directory)
+    after, said = _group_view.change(directory, size, member)
+    if json_out:
+        print_json(after.model_dump(mode="json"))
+    else:
+        stdout_console().print(Text(printable(said)))
 
 
 def _bytes(n: int) -> str:
@@ -369,10 +409,23 @@ def _view(snapshot: Snapshot, directory: Path, now: float, width: int) -> Render
     return Group(*parts)
 
 
-def _json(rows: list[Row]) -> list[dict[str, Any]]:
+def _groups_of(rows: list[Row], directory: Path) -> tuple[list[Any], list[Diagnostic]]:
+    """The groups DIR is or its engines name (``KVPLAN_GROUP``), each read once."""
+    named = [Path(s.group) for _, s, _ in rows if s.group]
+    if _group_view.is_group(directory):
+        named.insert(0, directory)
+    return _group_view.snapshots(named)
+
+
+def _json(rows: list[Row], groups: list[Any] | None = None) -> list[dict[str, Any]]:
+    by_dir = {g.directory: g for g in groups or []}
     out = []
     for path, s, status in rows:
         row: dict[str, Any] = {"path": str(path), **s.model_dump(mode="json")}
+        group = by_dir.get(str(Path(s.group))) if s.group else None
+        row["group_view"] = (
+            _group_view.member_view(group, s.group_member or "") if group is not None else None
+        )
         row["age_seconds"] = round(status.age_seconds, 3)
         row["status"] = status.status
         row["alive"] = status.alive
@@ -519,6 +572,9 @@ def top_command(
     _directory(directory)
     snapshot = read_stats_tree(directory)
     live = not (json_out or once or html is not None)
+    if not snapshot and _group_view.is_group(directory):
+        _show_groups(directory, json_out)
+        return
     if not snapshot:
         if live:
             snapshot = _wait_for_stats(directory, interval)
@@ -535,18 +591,34 @@ def top_command(
         return
     now = time.time()
     rows, diags = _split(snapshot, now)
+    groups, group_problems = _groups_of(rows, directory)
+    diags = [*diags, *group_problems]
     if html is not None and rows:
         diags = [*diags, *_write_page(html, directory, rows, now)]
     if json_out:
-        print_json(_json(rows))
+        print_json(_json(rows, groups))
     else:
         console = stdout_console()
         table, dropped = _table(rows, directory, console.width)
         console.print(table)
         for line in _notes(rows, dropped):
             console.print(line, soft_wrap=False)
+        for group in groups:
+            console.print(_group_view.group_table(group, console.width))
     report(diags)
     if not rows:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _show_groups(directory: Path, json_out: bool) -> None:
+    groups, problems = _group_view.snapshots([directory])
+    if json_out and groups:
+        print_json(groups[0].model_dump(mode="json"))
+    elif groups:
+        console = stdout_console()
+        console.print(_group_view.group_table(groups[0], console.width))
+    report(problems)
+    if not groups:
         raise typer.Exit(EXIT_ERROR)
 
 

@@ -126,6 +126,12 @@ class ElasticStats(_Document):
     plan_fingerprint: str | None = Field(
         default=None, max_length=128, description="fingerprint of the plan the worker bound"
     )
+    group: str | None = Field(
+        default=None, max_length=4096, description="the group directory (KVPLAN_GROUP), if any"
+    )
+    group_member: str | None = Field(
+        default=None, max_length=128, description="the engine's member name in that group"
+    )
     mapped_runs: dict[str, list[tuple[int, int]]] | None = Field(
         default=None,
         description="per pool, the mapped chunks as sorted, disjoint [first_chunk, count] runs "
