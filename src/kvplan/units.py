@@ -5,11 +5,17 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_BINARY = {u: 1 << (10 * (i + 1)) for i, u in enumerate("KMGTPE")}
 _UNITS: dict[str, int] = {"": 1, "B": 1}
 _UNITS.update(_BINARY)
 _UNITS.update({f"{u}IB": v for u, v in _BINARY.items()})
-_UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGT")})
+_UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGTPE")})
+_SIZE = re.compile(
+    r"\s*([0-9]{1,40}(?:\.[0-9]{1,40})?|\.[0-9]{1,40})\s*([A-Za-z]{0,3})\s*", re.ASCII
+)
+"""ASCII only (``re.ASCII``: ``\\s`` is ASCII white space): ``int()`` and a Unicode ``\\d``
+also read Arabic-Indic, full-width or bold digits, and Unicode ``\\s`` takes NO-BREAK or EM
+SPACE; a size is written in ASCII."""
 
 VMM_GRANULARITY = 2 << 20
 """2 MiB: the allocation granularity of CUDA's virtual memory API on current GPUs
@@ -26,20 +32,23 @@ MAX_OPTION_BYTES = 1 << 50
 
 
 def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
-    """Bytes in ``text``: ``KiB``…``TiB`` and bare ``K``…``T`` are binary, ``KB``…``TB`` decimal.
+    """Bytes in ``text``: ``KiB``…``EiB`` and bare ``K``…``E`` are binary, ``KB``…``EB`` decimal.
 
-    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``). Anything else,
-    or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
+    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``, ``kvplan limit``,
+    the plugin's ``KVPLAN_*`` sizes). ASCII digits, letters and white space only. Anything
+    else, or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
     ``KVP020`` at ``where`` (the option's name); a size above ``limit`` is ``KVP405``.
     """
-    from kvplan.schemas.errors import Code, KVPlanError, error
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
 
-    shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
-    match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
+    shown = show_value(text, 44)
+    match = _SIZE.fullmatch(text)
     unit = match.group(2).upper() if match else ""
     value = int(Fraction(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
     code, hint = Code.BAD_SIZE, "write e.g. 80GiB, 2MiB or 4096 (bytes)"
-    if not match or unit not in _UNITS:
+    if not match and not text.isascii():
+        problem = f"cannot read size {shown}: sizes are written in ASCII digits and letters"
+    elif not match or unit not in _UNITS:
         problem = f"cannot read size {shown}"
     elif value <= 0:
         problem = f"size {shown} is not positive"

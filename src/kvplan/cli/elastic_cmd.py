@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
+from kvplan.cli._numbers import ascii_float
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -44,7 +45,7 @@ MAX_INTERVAL = 3600.0
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
-_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGT]?I?B?)?\s*", re.IGNORECASE)
+_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGTPE]?I?B?)?\s*", re.IGNORECASE | re.ASCII)
 
 
 def _directory(path: Path, option: str = "DIR") -> Path:
@@ -212,15 +213,19 @@ def _live(directory: Path, interval: float) -> None:
 
 def top_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="the engines' dump directory")],
-    interval: Annotated[
-        float, typer.Option("--interval", help="seconds between refreshes", show_default=True)
-    ] = 1.0,
+    interval_text: Annotated[
+        str,
+        typer.Option(
+            "--interval", metavar="SECONDS", help="seconds between refreshes", show_default=True
+        ),
+    ] = "1",
     once: Annotated[bool, typer.Option("--once", help="print the table once and exit")] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one snapshot as JSON and exit")
     ] = False,
 ) -> None:
     """Show the elastic memory of every engine and rank dumping under DIR, live (Ctrl-C quits)."""
+    interval = ascii_float(interval_text, "--interval")
     if not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL:
         raise KVPlanError(
             error(
@@ -240,13 +245,15 @@ def top_command(
         raise typer.Exit(EXIT_DIFFERENT)
     now = time.time()
     stats, diags = _split(snapshot)
-    if json_out or once:
+    # a diagnostic about DIR itself: the tree was cut at its bounds (or DIR cannot be listed)
+    refused = any(isinstance(s, Diagnostic) and path == directory for path, s in snapshot)
+    if json_out or once or refused:
         if json_out:
             print_json(_json(stats, now))
-        else:
+        elif once:
             stdout_console().print(_table(stats, directory, now))
         report(diags)
-        if not stats:
+        if not stats or refused:
             raise typer.Exit(EXIT_ERROR)
         return
     try:

@@ -1,0 +1,56 @@
+"""Numbers typed on the command line, read as ASCII (the one reader of counts and fractions).
+
+click's ``INT`` and ``FLOAT`` types call ``int()`` and ``float()``, which also read
+Arabic-Indic, full-width or mathematical digits (``int("٣") == 3``), ``1_000`` and
+non-ASCII spaces. Options that take a number are declared as text and read here, inside the
+command's error boundary: anything but ASCII digits (with a sign, a point or an exponent for
+a fraction) is ``KVP406``, naming the option. Sizes are read by ``kvplan.units.parse_size``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+_INT = re.compile(r"\s*(-?[0-9]{1,19})\s*", re.ASCII)
+_FLOAT = re.compile(
+    r"\s*(-?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?)\s*", re.ASCII
+)
+
+
+def _refuse(option: str, text: str, what: str) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.USAGE,
+            option,
+            f"{show_value(text)} is not {what} written in ASCII digits.",
+            f"e.g. {option} {'16' if 'integer' in what else '0.9'}",
+        )
+    )
+
+
+def ascii_int(text: str | None, option: str, *, minimum: int | None = None) -> int | None:
+    """``text`` as an integer (None stays None); ``KVP406`` unless ASCII digits, or below
+    ``minimum``."""
+    if text is None:
+        return None
+    match = _INT.fullmatch(text)
+    if match is None:
+        raise _refuse(option, text, "an integer")
+    value = int(match.group(1))
+    if minimum is not None and value < minimum:
+        raise KVPlanError(
+            error(Code.USAGE, option, f"{value} is below {minimum}.", f"give at least {minimum}")
+        )
+    return value
+
+
+def ascii_float(text: str, option: str) -> float:
+    """``text`` as a finite number; ``KVP406`` unless ASCII digits (and ``.``, ``e``)."""
+    match = _FLOAT.fullmatch(text)
+    value = float(match.group(1)) if match else math.nan
+    if not math.isfinite(value):
+        raise _refuse(option, text, "a finite number")
+    return value
