@@ -72,9 +72,7 @@ SPECIAL_FILES: dict[str, Callable[[Path], Path]] = {
 """Non-regular files a reader must refuse without blocking (``KVP022``)."""
 if IS_ROOT:
     SPECIAL_FILES["device-node"] = _device
-    SPECIAL_FILES["link-to-device-node"] = lambda p: _link(
-        p, _device(p.with_name(p.name + ".dev"))
-    )
+    SPECIAL_FILES["link-to-device-node"] = lambda p: _link(p, _device(p.with_name(p.name + ".dev")))
 
 
 def node_kind(path: Path) -> str:
@@ -171,9 +169,7 @@ def _stats_place(area: Area) -> Path:
 
 READERS: list[Reader] = [
     Reader("plan", lambda a: a.root / "x.json", lambda a: ["plan", str(a.root / "x.json")]),
-    Reader(
-        "validate", lambda a: a.root / "x.json", lambda a: ["validate", str(a.root / "x.json")]
-    ),
+    Reader("validate", lambda a: a.root / "x.json", lambda a: ["validate", str(a.root / "x.json")]),
     Reader("show", lambda a: a.root / "x.json", lambda a: ["show", str(a.root / "x.json")]),
     Reader(
         "diff-a",
@@ -332,14 +328,16 @@ HOSTILE_TEXTS = {
     "carriage-return": "ok\roverwritten",
     "bidi": "\u202eevil\u202c",
     "c1-csi": "\x9b31m",
-    "markup": "[bold red]m[/]",
+    "markup": "[bold red]m[on blue]x",
     "pipe-backtick": "a|b`c",
 }
 """Names a directory entry or an environment variable may hold (anything but ``/`` and NUL)."""
 
-RAW_FORBIDDEN = [c for c in map(chr, range(0x20)) if c not in "\n"] + [
-    chr(c) for c in range(0x7F, 0xA0)
-] + ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+RAW_FORBIDDEN = (
+    [c for c in map(chr, range(0x20)) if c not in "\n"]
+    + [chr(c) for c in range(0x7F, 0xA0)]
+    + ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+)
 """Characters that must never reach a terminal raw (newline only as kvplan's own)."""
 
 

@@ -43,7 +43,9 @@ def test_a_file_that_is_not_regular_is_refused_without_blocking(
     assert_no_bug(outcome, what)
     assert outcome.exit_code == 2, f"{what}: exit {outcome.exit_code}: {outcome.stderr[:500]}"
     shown = outcome.stdout if reader.stream == "stdout" else outcome.stderr
-    assert reader.code in shown, f"{what}: {shown[:600]}"
+    # below a golden tree a link is refused as a link (KVP023), before what it points at
+    codes = (reader.code, "KVP023") if reader.name.startswith("golden") else (reader.code,)
+    assert any(code in shown for code in codes), f"{what}: {shown[:600]}"
     assert "not a regular file" in shown or "symbolic link" in shown, f"{what}: {shown[:600]}"
     assert node_kind(place) == before, f"{what}: the file was replaced"
 

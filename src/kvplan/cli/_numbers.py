@@ -9,15 +9,11 @@ a fraction) is ``KVP406``, naming the option. Sizes are read by ``kvplan.units.p
 
 from __future__ import annotations
 
-import math
-import re
-
 from kvplan.schemas.errors import Code, KVPlanError, error, show_value
 
-_INT = re.compile(r"\s*(-?[0-9]{1,19})\s*", re.ASCII)
-_FLOAT = re.compile(
-    r"\s*(-?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?)\s*", re.ASCII
-)
+
+def _ascii(text: str) -> bool:
+    return text.isascii() and "_" not in text
 
 
 def _refuse(option: str, text: str, what: str) -> KVPlanError:
@@ -36,10 +32,12 @@ def ascii_int(text: str | None, option: str, *, minimum: int | None = None) -> i
     ``minimum``."""
     if text is None:
         return None
-    match = _INT.fullmatch(text)
-    if match is None:
+    try:
+        value = int(text) if _ascii(text) and len(text) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None:
         raise _refuse(option, text, "an integer")
-    value = int(match.group(1))
     if minimum is not None and value < minimum:
         raise KVPlanError(
             error(Code.USAGE, option, f"{value} is below {minimum}.", f"give at least {minimum}")
@@ -48,9 +46,9 @@ def ascii_int(text: str | None, option: str, *, minimum: int | None = None) -> i
 
 
 def ascii_float(text: str, option: str) -> float:
-    """``text`` as a finite number; ``KVP406`` unless ASCII digits (and ``.``, ``e``)."""
-    match = _FLOAT.fullmatch(text)
-    value = float(match.group(1)) if match else math.nan
-    if not math.isfinite(value):
-        raise _refuse(option, text, "a finite number")
-    return value
+    """``text`` as a number (``nan``/``inf`` included: the caller checks its range);
+    ``KVP406`` unless ASCII."""
+    try:
+        return float(text) if _ascii(text) and len(text) <= 60 else float("invalid")
+    except ValueError:
+        raise _refuse(option, text, "a number") from None

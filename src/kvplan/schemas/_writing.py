@@ -125,7 +125,8 @@ def _existing_mode(folder: int, leaf: str, name: str) -> int | None:
             Code.UNSAFE_OUTPUT,
             name,
             "is a symbolic link; kvplan never writes through a link (it could point anywhere).",
-            "name the file itself, or remove the link",
+            "name the file itself or remove the link; leave out the option to print to "
+            "standard output",
         )
     if not stat.S_ISREG(mode):
         raise _refuse(

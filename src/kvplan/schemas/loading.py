@@ -37,7 +37,7 @@ from kvplan.schemas._writing import (
     write_text_atomic,
 )
 from kvplan.schemas.canonical import Document, fingerprint, to_json, to_yaml
-from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
 from kvplan.schemas.input import INPUT_FORMAT, InputDocument
 from kvplan.schemas.legacy import LEGACY_INPUT_FORMAT, LegacyInputDocument, parse_legacy
 from kvplan.schemas.plan import PLAN_FORMAT, BindingPlan
@@ -116,14 +116,29 @@ def is_bundle(data: Any) -> bool:
     return isinstance(data, dict) and set(data) == BUNDLE_KEYS
 
 
+def _in_half(exc: KVPlanError, half: str) -> KVPlanError:
+    """``exc`` with every location inside the bundle's ``half`` (``plan.views``)."""
+    out = []
+    for d in exc.diagnostics:
+        where = d.location if d.location.startswith(half) else f"{half}.{d.location}"
+        out.append(Diagnostic(**{**d.model_dump(), "location": where.rstrip(".")}))
+    return KVPlanError(out)
+
+
 def _parse_bundle(data: dict[str, Any], source: str) -> BindingPlan:
     """The plan of an inspect bundle, once its input is valid and is the plan's input."""
     inner = data["input"]
-    if isinstance(inner, dict) and inner.get("format") == LEGACY_INPUT_FORMAT:
-        document: InputDocument | LegacyInputDocument = parse_legacy(inner, f"{source}: input")
-    else:
-        document = parse_input(inner, f"{source}: input")
-    plan = parse_plan(data["plan"], f"{source}: plan")
+    try:
+        if isinstance(inner, dict) and inner.get("format") == LEGACY_INPUT_FORMAT:
+            document: InputDocument | LegacyInputDocument = parse_legacy(inner, "input")
+        else:
+            document = parse_input(inner, "input")
+    except KVPlanError as exc:
+        raise _in_half(exc, "input") from None
+    try:
+        plan = parse_plan(data["plan"], "plan")
+    except KVPlanError as exc:
+        raise _in_half(exc, "plan") from None
     if plan.fingerprint != fingerprint(document):
         raise KVPlanError(
             error(
