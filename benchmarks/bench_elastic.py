@@ -36,8 +36,8 @@ def micro(steps: int) -> float:
     from vllm.v1.core.block_pool import BlockPool
 
     from kvplan.elastic.ledger import Ledger
-    from kvplan.integrations.vllm import _elastic as elastic
-    from kvplan.integrations.vllm._pipeline import Call
+    from kvplan.integrations.vllm import elastic
+    from kvplan.integrations.vllm.pipeline import Call
     from kvplan.integrations.vllm.versions import adapter_for
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
@@ -79,13 +79,14 @@ def micro(steps: int) -> float:
     sched_sig, exec_sig = inspect.signature(schedule), inspect.signature(execute_model)
     update_sig = inspect.signature(update_from_output)
     scheduler, worker = Scheduler(), Worker()
+    mode = elastic.ElasticMode(elastic.ElasticSettings(), backend="host-vmm")
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(steps):
-            output = elastic.schedule(None, Call(schedule, sched_sig, sched_t, (scheduler,), {}))  # type: ignore[arg-type]
-            elastic.execute_model(None, Call(execute_model, exec_sig, exec_t, (worker, output), {}))  # type: ignore[arg-type]
-            elastic.update_from_output(
+            output = mode.schedule(None, Call(schedule, sched_sig, sched_t, (scheduler,), {}))  # type: ignore[arg-type]
+            mode.execute_model(None, Call(execute_model, exec_sig, exec_t, (worker, output), {}))  # type: ignore[arg-type]
+            mode.update_from_output(
                 None, Call(update_from_output, update_sig, update_t, (scheduler, output, None), {})
             )  # type: ignore[arg-type]
         samples.append((time.perf_counter() - t0) / steps * 1e6)
@@ -102,7 +103,7 @@ def admission(num_blocks: int) -> dict[str, float]:
     from vllm.v1.core.block_pool import BlockPool
 
     from kvplan.elastic.ledger import Ledger
-    from kvplan.integrations.vllm import _elastic as elastic
+    from kvplan.integrations.vllm import elastic
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
 

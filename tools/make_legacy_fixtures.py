@@ -431,7 +431,7 @@ def make_case(name: str, case: dict[str, Any], hf_root: Path) -> dict[str, Any]:
     ).add_kv_sharing_layers_to_kv_cache_groups
     prepare_kernel_block_sizes = _v("vllm.v1.worker.utils").prepare_kernel_block_sizes
 
-    from kvplan.integrations.vllm.legacy_capture import capture_legacy
+    from kvplan.integrations.vllm.convert.legacy import capture_legacy
     from kvplan.schemas.canonical import to_data
 
     set_kv_cache_layout(case.get("kv_layout"))

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from kvplan.elastic.ledger import Ledger
-from kvplan.integrations.vllm import _elastic as elastic
-from kvplan.integrations.vllm import capture
-from kvplan.integrations.vllm._elastic import ElasticSettings, MapFailed, SchedulerSide
+from kvplan.integrations.vllm import capture, elastic
+from kvplan.integrations.vllm.elastic import ElasticMode, ElasticSettings, MapFailed, SchedulerSide
 from kvplan.planner import build_plan
 from kvplan.schemas.errors import Code, KVPlanError, error
 
@@ -117,7 +116,8 @@ def _finish(scheduler: Any, side: SchedulerSide, output: Any, token: int) -> dic
         sampled_token_ids=[[token] for _ in ids],
     )  # fmt: skip
     call = _Call(scheduler, output, result)
-    outputs = elastic.update_from_output(None, call)  # type: ignore[arg-type]
+    mode = ElasticMode(ElasticSettings(), backend="host-vmm")
+    outputs = mode.update_from_output(None, call)  # type: ignore[arg-type]
     return {
         o.request_id: list(o.new_token_ids) for batch in outputs.values() for o in batch.outputs
     }

@@ -12,8 +12,8 @@ from kvplan.elastic.ledger import Ledger
 from kvplan.executor import apply
 from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.executor.backends.host_vmm import HostVmmBackend
-from kvplan.integrations.vllm import _elastic as elastic
-from kvplan.integrations.vllm._elastic import (
+from kvplan.integrations.vllm import elastic
+from kvplan.integrations.vllm.elastic import (
     ElasticOps,
     ElasticSettings,
     SchedulerSide,
@@ -335,18 +335,6 @@ def test_reset_prefix_cache_works_under_a_binding_limit() -> None:
     assert got[0].block_hash is None
 
 
-class _Runtime:
-    """The two things :func:`elastic.hand_over` uses of the plugin's runtime."""
-
-    def __init__(self, *sides: SchedulerSide) -> None:
-        self.elastic_sides = list(sides)
-        self.refused = 0
-
-    def refuse(self, exc: KVPlanError) -> KVPlanError:
-        self.refused += 1
-        return exc
-
-
 def _failure(worker: WorkerSide, ops: ElasticOps) -> elastic.MapFailed:
     problem = KVPlanError(error(Code.DRIVER_CALL_FAILED, "pools.kv", "out of memory", "-"))
     return elastic.MapFailed(ops.seq, ops.map, problem)
@@ -359,9 +347,8 @@ def test_a_failed_map_goes_to_the_scheduler_that_sent_the_step() -> None:
     assert ops is not None
     worker = _worker()
     with worker.cache:
-        runtime = _Runtime(side)
-        elastic.hand_over(runtime, worker, ops, _failure(worker, ops))  # type: ignore[arg-type]
-        assert side.failed[ops.seq].blocks == ops.map and runtime.refused == 0
+        elastic.hand_over([side], worker, ops, _failure(worker, ops))
+        assert side.failed[ops.seq].blocks == ops.map
 
 
 @pytest.mark.parametrize("why", ["poison", "other process"])
@@ -374,10 +361,9 @@ def test_a_failed_map_that_cannot_be_recovered_refuses_the_step(why: str) -> Non
     with worker.cache:
         # another process: the worker holds an unpickled copy, not the object its scheduler sent
         sent = pickle.loads(pickle.dumps(ops)) if why == "other process" else ops
-        runtime = _Runtime(side)
         with pytest.raises(KVPlanError) as refused:
-            elastic.hand_over(runtime, worker, sent, _failure(worker, sent))  # type: ignore[arg-type]
-        assert refused.value.code is Code.ELASTIC_MAP_FAILED and runtime.refused == 1
+            elastic.hand_over([side], worker, sent, _failure(worker, sent))
+        assert refused.value.code is Code.ELASTIC_MAP_FAILED
         text = refused.value.diagnostics[0].message
         assert ("KVPLAN_POISON" in text) == (why == "poison")
         assert ("another process" in text) == (why == "other process")

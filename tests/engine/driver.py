@@ -166,7 +166,7 @@ def install_reported_map_failure(on: bool) -> None:
     -- the memory is there -- and then reported as failed, so the scheduler recovers exactly
     as it does from a real failure (same preemptions, evictions, batches) but no step ever
     ran over unbacked memory. ``False``: undo."""
-    from kvplan.integrations.vllm import _elastic
+    from kvplan.integrations.vllm import elastic as _elastic
 
     original = getattr(_elastic.WorkerSide._map, "__driver_original__", None)
     if original is not None:

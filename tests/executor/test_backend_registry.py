@@ -132,13 +132,13 @@ def test_registered_backend_is_usable_from_apply_cli(wrapped: str, tmp_path: Pat
 
 
 def test_registered_backend_is_accepted_by_the_plugin_settings(wrapped: str) -> None:
-    from kvplan.integrations.vllm._patch_settings import read_settings
+    from kvplan.integrations.vllm.plugin._preflight import read_mode
 
-    settings, problems = read_settings({"KVPLAN_ENABLE": "1", "KVPLAN_BACKEND": wrapped})
+    settings, _, problems = read_mode({"KVPLAN_ENABLE": "1", "KVPLAN_BACKEND": wrapped})
     assert problems == [] and settings.backend == wrapped
-    elastic, problems = read_settings({"KVPLAN_BACKEND": wrapped, "KVPLAN_MODE": "elastic"})
-    assert problems == [] and elastic.mode == "elastic"  # meta maps on demand
-    _, problems = read_settings({"KVPLAN_BACKEND": "meta"})  # meta holds no vLLM cache
+    elastic, mode, problems = read_mode({"KVPLAN_BACKEND": wrapped, "KVPLAN_MODE": "elastic"})
+    assert problems == [] and elastic.mode == mode.name == "elastic"  # meta maps on demand
+    _, _, problems = read_mode({"KVPLAN_BACKEND": "meta"})  # meta holds no vLLM cache
     assert [p.location for p in problems] == ["KVPLAN_BACKEND"]
     assert wrapped in str(problems[0].hint)
 

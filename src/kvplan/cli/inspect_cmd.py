@@ -302,7 +302,7 @@ def register(app: typer.Typer) -> None:
 def verify_result(result: InspectResult) -> list[str]:
     """Differences between each rank's plan and vLLM's tensors (meta device)."""
     from kvplan.integrations.vllm import to_vllm
-    from kvplan.integrations.vllm.fidelity import compare, vllm_kv_caches
+    from kvplan.integrations.vllm.inspect.fidelity import compare, vllm_kv_caches
 
     problems: list[str] = []
     for rank, (doc, plan) in enumerate(zip(result.documents, result.plans, strict=True)):

@@ -154,7 +154,7 @@ class FullAttentionSpec:  # a stand-in with 0.24's field names
 
 
 def test_capture_encodes_specs_field_for_field() -> None:
-    from kvplan.integrations.vllm.legacy_capture import encode_spec
+    from kvplan.integrations.vllm.convert.legacy import encode_spec
 
     spec = FullAttentionSpec(16, 8, 128, torch.float8_e4m3fn, _Quant.FP8_PER_TENSOR)
     data = encode_spec(spec)
@@ -169,7 +169,7 @@ def test_capture_module_imports_neither_vllm_nor_torch() -> None:
 
     code = (
         "import sys\n"
-        "import kvplan.integrations.vllm.legacy_capture as m\n"
+        "import kvplan.integrations.vllm.convert.legacy as m\n"
         "assert callable(m.capture_legacy) and callable(m.capture_runner)\n"
         "bad = [n for n in ('torch', 'vllm') if n in sys.modules]\n"
         "assert not bad, bad\n"

@@ -15,9 +15,8 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from kvplan.executor.backends import backend_class, backend_names
-from kvplan.integrations.vllm import _refusals as refusals
 from kvplan.integrations.vllm import versions
-from kvplan.integrations.vllm._patch_settings import read_settings
+from kvplan.integrations.vllm.plugin import preflight
 from kvplan.schemas.errors import Code, Diagnostic, error, warning
 
 GROUP = "vllm.general_plugins"
@@ -168,17 +167,9 @@ def _check_vllm(report: Report) -> Any:
     return vllm
 
 
-def _check_targets(report: Report) -> None:
-    """Resolve the installed release's targets (the newest adapter's, to show what differs,
-    when the release is unsupported)."""
-    version = report.vllm_version or ""
-    adapter = versions.adapter_for(version)
-    if adapter is None:
-        report.problems.extend(
-            refusals.unsupported_version(
-                version, versions.supported_range(), versions.refused_for(version)
-            )
-        )
+def _target_rows(report: Report, adapter: versions.VersionAdapter | None) -> None:
+    """The installed release's targets (the newest adapter's, to show what differs, when the
+    release is unsupported); the problems are the plugin's own (``preflight``)."""
     shown = adapter or versions.all_adapters()[-1]
     report.target_table = shown.name
     for target in shown.targets:
@@ -197,8 +188,6 @@ def _check_targets(report: Report) -> None:
                 "problem": found.problem,
             }
         )
-        if not found.ok and adapter is not None:
-            report.problems.append(refusals.target_unusable(version, found))
 
 
 def backend_rows() -> list[dict[str, Any]]:
@@ -223,26 +212,25 @@ def backend_rows() -> list[dict[str, Any]]:
 
 
 def diagnose(environ: Mapping[str, str] | None = None) -> Report:
-    """Every check, in the order a user would fix them."""
+    """Every check, in the order a user would fix them: the plugin's own preflight (the same
+    settings, mode, backend, dump directory, release and target checks ``register()`` runs),
+    then what only the doctor can see (the entry point, ``VLLM_PLUGINS``)."""
     import kvplan
 
     env = os.environ if environ is None else environ
-    settings, problems = read_settings(env)
-    report = Report(kvplan_version=kvplan.__version__, settings=settings.as_dict())
+    report = Report(kvplan_version=kvplan.__version__)
     vllm = _check_vllm(report)
-    report.problems.extend(problems)
+    found = preflight(env, report.vllm_version if vllm is not None else None)
+    report.settings = found.settings_dict()
+    report.problems.extend(found.problems)
     report.entry_point = _entry_point()
     report.vllm_plugins = _allowlist(env)
     _check_plugin(report)
     report.backends = backend_rows()
-    chosen = [row for row in report.backends if row["name"] == settings.backend]
-    if chosen:  # else KVPLAN_BACKEND names no plugin backend: read_settings reported it
+    chosen = [row for row in report.backends if row["name"] == found.settings.backend]
+    if chosen:  # else KVPLAN_BACKEND names no plugin backend: preflight reported it
         report.backend_available = chosen[0]["available"]
         report.backend_detail = chosen[0]["detail"]
-    if chosen and not report.backend_available:
-        report.problems.append(
-            refusals.backend_unavailable(settings.backend, report.backend_detail)
-        )
     if vllm is not None:
-        _check_targets(report)
+        _target_rows(report, found.adapter)
     return report

@@ -2,7 +2,7 @@
 
 Each case is a model from kvplan's bundled catalog with fewer layers (fast on two CPU cores)
 plus the ``vllm serve`` flags to plan it with. :func:`build_case` runs vLLM's own steps
-(``kvplan.integrations.vllm._build``) and returns every rank's worker and runner configs.
+(``kvplan.integrations.vllm.inspect._build``) and returns every rank's worker and runner configs.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Built:
 
 def build_case(case: Case, folder: Path) -> Built:
     """vLLM's engine-core and runner steps for ``case`` (inside ``cuda_platform``)."""
-    from kvplan.integrations.vllm._build import (
+    from kvplan.integrations.vllm.inspect._build import (
         BuildOptions,
         collect_worker_specs,
         kernel_block_sizes,

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def vllm_session() -> Iterator[None]:
     """The CPU platform answering as CUDA would, for the whole session."""
-    from kvplan.integrations.vllm._emulation import cuda_platform
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
     with cuda_platform():
         yield

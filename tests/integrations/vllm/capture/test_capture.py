@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvplan.integrations.vllm import capture, to_vllm
-from kvplan.integrations.vllm._capture import spec_classes, worker_form
+from kvplan.integrations.vllm.convert._capture import spec_classes, worker_form
 from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.specs import SPEC_KINDS
 
@@ -182,7 +182,7 @@ def test_capture_is_the_function_after_every_submodule_loaded() -> None:
 
     import kvplan.integrations.vllm as package
 
-    importlib.import_module("kvplan.integrations.vllm._capture")
+    importlib.import_module("kvplan.integrations.vllm.convert._capture")
     for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
         if not info.name.endswith("._rank"):  # a script entry point
             importlib.import_module(info.name)

@@ -14,7 +14,7 @@ import pytest
 
 import kvplan
 from kvplan.integrations.vllm import capture, to_vllm
-from kvplan.integrations.vllm.fidelity import compare, vllm_kv_caches
+from kvplan.integrations.vllm.inspect.fidelity import compare, vllm_kv_caches
 from kvplan.schemas.input import InputDocument
 from tests.integrations.vllm.capture._cases import CASES, Built
 

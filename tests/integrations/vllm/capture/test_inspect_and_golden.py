@@ -112,7 +112,7 @@ def test_inspect_list_and_unknown_model(vllm_session: None) -> None:
 
 
 def test_inspect_without_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvplan.integrations.vllm as integration
+    import kvplan.integrations.vllm.environment as integration
 
     monkeypatch.setattr(integration, "vllm_available", lambda: False)
     result = CliRunner().invoke(app, ["inspect", GEMMA4])

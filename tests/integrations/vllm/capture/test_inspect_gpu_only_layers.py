@@ -65,7 +65,7 @@ def test_a_failing_tower_that_registered_attention_is_not_dropped(vllm_session: 
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.models.interfaces import SupportsMultiModal
 
-    from kvplan.integrations.vllm._build import skipped_towers_tolerated
+    from kvplan.integrations.vllm.inspect._build import skipped_towers_tolerated
 
     class FakeAttention(AttentionLayerBase):
         pass
@@ -132,7 +132,7 @@ def test_cpu_platform_is_restored_after_inspect(vllm_session: None) -> None:
     from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
     from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 
-    from kvplan.integrations.vllm._emulation import cuda_platform
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
     inside = (FusedMoEConfig.__dict__["__post_init__"], method.select_unquantized_moe_backend)
     with cuda_platform():

@@ -56,7 +56,7 @@ class ModelCase:
 
     def runner_config(self) -> Any:
         """A fresh runner-side copy (KV-sharing layers appended), as both runners make it."""
-        from kvplan.integrations.vllm._build import runner_config
+        from kvplan.integrations.vllm.inspect._build import runner_config
 
         return runner_config(self.engine_config, self.shared)
 
@@ -102,8 +102,8 @@ def build_case(spec: ModelSpec) -> ModelCase:
         initialize_model_parallel,
     )
 
-    from kvplan.integrations.vllm import _build as b
-    from kvplan.integrations.vllm._emulation import cuda_platform
+    from kvplan.integrations.vllm.inspect import _build as b
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
     entry = lookup(spec.model_id)
     assert entry is not None, f"{spec.model_id} is not in kvplan's catalog"

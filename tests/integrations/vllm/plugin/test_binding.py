@@ -98,7 +98,7 @@ def test_profiling_config_is_planned_and_left_to_vllm(
     layout argument and checked against vLLM's own allocation, which vLLM keeps."""
     import vllm.v1.worker.utils as utils
 
-    from kvplan.integrations.vllm._build import runner_config
+    from kvplan.integrations.vllm.inspect._build import runner_config
 
     case = model_case("gemma4-e2b")
     profiling = runner_config(case.profiling_config(), case.shared)

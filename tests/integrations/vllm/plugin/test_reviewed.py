@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvplan.integrations.vllm import plugin
-from kvplan.integrations.vllm._reviewed import slug
+from kvplan.integrations.vllm.pipeline._reviewed import slug
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
 from tests.integrations.vllm.plugin._runners import via_v1, via_v2

@@ -13,11 +13,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kvplan.integrations.vllm._pipeline import Call, Runtime
-    from kvplan.schemas.input import InputDocument
+from typing import Any
 
 PLACEMENT = "placement"
 """``KVCacheTensor(size, layers, layer_stride, block_stride, ...)``: vLLM 0.29 and later."""
@@ -40,9 +36,6 @@ ELASTIC = "elastic"
 V1 = "V1"
 V2 = "V2"
 
-Handler = Callable[["Runtime", "Call"], Any]
-"""What runs when vLLM calls a wrapped target: ``handler(runtime, call)``."""
-
 
 @dataclass(frozen=True)
 class Target:
@@ -55,8 +48,10 @@ class Target:
     """Parameter names in order; keyword-only ones start with ``*``."""
     role: str
     why: str
-    handler: Handler | None = field(default=None, compare=False)
-    """Runs in the wrapper; ``None`` for a ``READ`` target."""
+    handler: str | None = field(default=None, compare=False)
+    """The name of the handler that runs in the wrapper (``None`` for a ``READ`` target).
+    Adapters name handlers; the plugin's rooms define them (``pipeline.HANDLERS`` and each
+    mode's own), so this package asks nothing of the plugin."""
     runner: str | None = None
     """``V1`` or ``V2`` for a runner-level target (declared, never guessed from the name)."""
     calls: tuple[str, ...] = ()
@@ -123,18 +118,6 @@ class VersionAdapter:
         """``{class name: {field: unset value}}`` for ``version`` (empty if it has them all)."""
         table = self.absent_fields.get(version_key(version), {})
         return {cls: dict(fields) for cls, fields in table.items()}
-
-    def capture(self, kv_cache_config: Any, **kwargs: Any) -> InputDocument:
-        """:func:`kvplan.integrations.vllm.capture` for this family's releases."""
-        from kvplan.integrations.vllm._capture import capture
-
-        return capture(kv_cache_config, adapter=self, **kwargs)
-
-    def to_vllm(self, document: InputDocument, *, with_sharers: bool = False) -> Any:
-        """:func:`kvplan.integrations.vllm.to_vllm` for this family's releases."""
-        from kvplan.integrations.vllm._capture import to_vllm
-
-        return to_vllm(document, with_sharers=with_sharers, adapter=self)
 
     def engine_core_planning(self, version: str) -> EngineCorePlanning | None:
         """How ``version``'s engine core plans, or ``None`` if kvplan cannot replay it."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from kvplan.integrations.vllm.versions._adapter import HISPARSE, PLACEMENT, VersionAdapter
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import allocate_with, retarget
+from kvplan.integrations.vllm.versions.v0_33 import retarget
 
 V2_INIT = (
     "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
@@ -36,12 +36,10 @@ V2_INIT = (
 )  # fmt: skip
 """``init_kv_cache`` of 0.29: ``runner_kv_caches`` first, no keyword-only parameters."""
 
-allocate = allocate_with(lambda spec: True)
-"""0.29's specs have no ``has_layer_views``: its ``allocate_kv_cache`` views every layer."""
-
-
 TARGETS = retarget(
-    tuple(t for t in _TARGETS_0_33 if t.role != HISPARSE), V2_INIT, allocate_handler=allocate
+    tuple(t for t in _TARGETS_0_33 if t.role != HISPARSE),
+    V2_INIT,
+    allocate_handler="allocate/all-views",  # 0.29's specs have no has_layer_views
 )
 
 ADAPTER = VersionAdapter(

@@ -9,10 +9,8 @@ after the call kvplan checks). 0.32's ``KVCacheSpec`` lacks ``is_draft`` and its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvplan.integrations.vllm import _elastic as elastic
 from kvplan.integrations.vllm.versions._adapter import (
     ALLOCATE,
     ELASTIC,
@@ -24,128 +22,9 @@ from kvplan.integrations.vllm.versions._adapter import (
     V1,
     V2,
     EngineCorePlanning,
-    Handler,
     Target,
     VersionAdapter,
 )
-from kvplan.schemas.specs import KVCacheSpecKind
-
-if TYPE_CHECKING:
-    from kvplan.integrations.vllm._pipeline import Call, CallContext, Runtime
-
-# -- handlers: what each wrapper reads from vLLM's arguments ------------------------------
-
-
-def _sharing_map(
-    config: Any, ctx: CallContext | None, site: str, has_views: Callable[[Any], bool]
-) -> dict[str, str]:
-    """The runner's sharing map; else derived from the config and the forward context
-    (``allocate_kv_cache`` called without a runner)."""
-    from kvplan.integrations.vllm import _refusals as refusals
-    from kvplan.integrations.vllm._pipeline import current_vllm_config
-
-    if ctx is not None and ctx.shared is not None:
-        return dict(ctx.shared)
-    backed = {name for tensor in config.kv_cache_tensors for name in tensor.layers}
-    unbacked = [
-        name
-        for group in config.kv_cache_groups
-        if KVCacheSpecKind.of(type(group.kv_cache_spec).__name__)
-        is not KVCacheSpecKind.ENCODER_ONLY_ATTENTION
-        and has_views(group.kv_cache_spec)
-        for name in group.layer_names
-        if name not in backed
-    ]
-    if not unbacked:
-        return {}
-    vllm_config = (ctx.vllm_config if ctx else None) or current_vllm_config()
-    forward = getattr(
-        getattr(vllm_config, "compilation_config", None), "static_forward_context", None
-    )
-    shared = {
-        name: target
-        for name, layer in (forward or {}).items()
-        if (target := getattr(layer, "kv_sharing_target_layer_name", None))
-    }
-    missing = [name for name in unbacked if name not in shared]
-    if missing:
-        raise refusals.unknown_sharers(site, missing)
-    return shared
-
-
-def allocate_with(has_views: Callable[[Any], bool]) -> Handler:
-    """The ``allocate_kv_cache`` handler of a release where ``has_views(spec)`` tells whether
-    vLLM views a spec's layers (layers without views need no sharing map entry)."""
-
-    def allocate(runtime: Runtime, call: Call) -> Any:
-        """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
-        args = call.arguments
-        return runtime.allocate(
-            call,
-            config=args["kv_cache_config"],
-            device=args["device"],
-            layout=args["layout"],
-            kernel_block_sizes=args["kernel_block_sizes"],
-            derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site, has_views),
-        )
-
-    return allocate
-
-
-allocate = allocate_with(lambda spec: bool(spec.has_layer_views))
-
-
-def refuse_hisparse(runtime: Runtime, call: Call) -> Any:
-    """HiSparse allocates a host pool kvplan does not plan: refuse."""
-    from kvplan.integrations.vllm import _refusals as refusals
-
-    raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
-
-
-def runner_entry(runtime: Runtime, call: Call) -> Any:
-    """``GPUModelRunner.initialize_kv_cache``: the owner and ``is_profiling``."""
-    runner = call.arguments["self"]
-    return runtime.runner_entry(
-        call,
-        owner=runner,
-        profiling=bool(call.arguments["is_profiling"]),
-        vllm_config=getattr(runner, "vllm_config", None),
-    )
-
-
-def v1_tensors(runtime: Runtime, call: Call) -> Any:
-    """V1 ``initialize_kv_cache_tensors``: the sharing map is ``runner.shared_kv_cache_layers``."""
-    from kvplan.integrations.vllm import _refusals as refusals
-
-    runner = call.arguments["self"]
-    shared = getattr(runner, "shared_kv_cache_layers", None)
-    if not isinstance(shared, Mapping):
-        raise refusals.no_sharing_map(call.site, V1, runtime.vllm_version)
-    return runtime.run_checked(
-        call,
-        owner=runner,
-        shared=dict(shared),
-        vllm_config=getattr(runner, "vllm_config", None),
-        allocation_context=call.arguments["kv_cache_allocation_context"],
-    )
-
-
-def v2_init(runtime: Runtime, call: Call) -> Any:
-    """V2 ``init_kv_cache``: the sharing map is ``get_shared_kv_cache_layers(vllm_config)``."""
-    from kvplan.integrations.vllm import _refusals as refusals
-
-    vllm_config = call.arguments["vllm_config"]
-    attention = getattr(vllm_config, "attention_config", None)
-    if getattr(attention, "hisparse_config", None) is not None:
-        raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
-    shared = runtime.read("get_shared_kv_cache_layers")(vllm_config)
-    return runtime.run_checked(
-        call,
-        shared=dict(shared),
-        vllm_config=vllm_config,
-        allocation_context=call.arguments["kv_cache_allocation_context"],
-    )
-
 
 # -- targets ------------------------------------------------------------------------------
 
@@ -159,45 +38,45 @@ _V2_INIT = (
 TARGETS = (
     Target(
         "vllm.v1.worker.utils", "allocate_kv_cache", _ALLOC, ALLOCATE,
-        "the single KV-cache allocation point (definition)", allocate,
+        "the single KV-cache allocation point (definition)", "allocate",
     ),
     Target(
         "vllm.v1.worker.gpu_model_runner", "allocate_kv_cache", _ALLOC, ALLOCATE,
-        "imported by name by the V1 runner", allocate, V1,
+        "imported by name by the V1 runner", "allocate", V1,
     ),
     Target(
         "vllm.v1.worker.gpu.attn_utils", "allocate_kv_cache", _ALLOC, ALLOCATE,
-        "imported by name by the V2 runner's init_kv_cache", allocate, V2,
+        "imported by name by the V2 runner's init_kv_cache", "allocate", V2,
     ),
     Target(
         "vllm.v1.hisparse.binding", "allocate_kv_cache", _ALLOC, HISPARSE,
         "imported by name by HiSparse (refused: kvplan does not plan HiSparse)",
-        refuse_hisparse,
+        "refuse-hisparse",
     ),
     Target(
         "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache", _INIT, RUNNER,
-        "V1 runner entry: owner of the cache and is_profiling", runner_entry, V1,
+        "V1 runner entry: owner of the cache and is_profiling", "runner-entry", V1,
         ("initialize_kv_cache_tensors",),
     ),
     Target(
         "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache_tensors",
         ("self", "kv_cache_config", "kernel_block_sizes", "kv_cache_allocation_context"),
         TENSORS, "V1: runner.shared_kv_cache_layers; vLLM's alias loop is checked",
-        v1_tensors, V1, ("allocate_kv_cache", "shared_kv_cache_layers"),
+        "v1-tensors", V1, ("allocate_kv_cache", "shared_kv_cache_layers"),
     ),
     Target(
         "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.initialize_kv_cache", _INIT, RUNNER,
-        "V2 runner entry: owner of the cache and is_profiling", runner_entry, V2,
+        "V2 runner entry: owner of the cache and is_profiling", "runner-entry", V2,
         ("init_kv_cache",),
     ),
     Target(
         "vllm.v1.worker.gpu.attn_utils", "init_kv_cache", _V2_INIT, TENSORS,
         "V2: get_shared_kv_cache_layers(vllm_config); vLLM's alias loop is checked",
-        v2_init, V2, ("allocate_kv_cache", "get_shared_kv_cache_layers"),
+        "v2-init", V2, ("allocate_kv_cache", "get_shared_kv_cache_layers"),
     ),
     Target(
         "vllm.v1.worker.gpu.model_runner", "init_kv_cache", _V2_INIT, TENSORS,
-        "imported by name by the V2 runner", v2_init, V2,
+        "imported by name by the V2 runner", "v2-init", V2,
         ("allocate_kv_cache", "get_shared_kv_cache_layers"),
     ),
     Target(
@@ -210,30 +89,30 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
     Target(
         "vllm.v1.engine.core", "generate_scheduler_kv_cache_config", ("kv_cache_configs",),
         ELASTIC, "elastic: every rank's KVCacheConfig, before the scheduler is built",
-        elastic.record_rank_configs,
+        "elastic/rank-configs",
     ),
     Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.__init__",
         ("self", "vllm_config", "kv_cache_config", "structured_output_manager", "block_size",
          "hash_block_size", "mm_registry", "include_finished_set", "log_stats"),
         ELASTIC, "elastic: the block pool becomes elastic (ledger, budget)",
-        elastic.scheduler_init, None, ("KVCacheManager",),
+        "elastic/scheduler-init", None, ("KVCacheManager",),
     ),
     Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.schedule", ("self", "throttle_prefills"),
         ELASTIC, "elastic: give memory back before, attach the step's map/unmap after",
-        elastic.schedule,
+        "elastic/schedule",
     ),
     Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
         ("self", "scheduler_output", "model_runner_output"),
         ELASTIC, "elastic: a step whose maps failed preempts the requests that used them",
-        elastic.update_from_output, None, ("drop_stale_output", "num_stale_output_tokens"),
+        "elastic/update-from-output", None, ("drop_stale_output", "num_stale_output_tokens"),
     ),
     Target(
         "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
         ELASTIC, "elastic: every rank maps the step's blocks before vLLM runs it",
-        elastic.execute_model, None, ("execute_model",),
+        "elastic/execute-model", None, ("execute_model",),
     ),
 )  # fmt: skip
 
@@ -242,11 +121,11 @@ def retarget(
     targets: tuple[Target, ...],
     init_params: tuple[str, ...],
     *,
-    allocate_handler: Handler | None = None,
+    allocate_handler: str | None = None,
 ) -> tuple[Target, ...]:
     """0.33's ``targets`` for an older release whose V2 ``init_kv_cache`` takes
     ``init_params`` (same handler and calls) and, if given, whose ``allocate_kv_cache``
-    sites run ``allocate_handler``."""
+    sites run the handler named ``allocate_handler``."""
     import dataclasses
 
     out = []

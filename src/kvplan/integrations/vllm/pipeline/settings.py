@@ -1,18 +1,20 @@
-"""The plugin's ``KVPLAN_*`` settings, read from the environment (no torch, no vLLM).
+"""The plugin's own ``KVPLAN_*`` settings, read from the environment (no torch, no vLLM).
 
-Shared by the plugin (which refuses to start on a bad value) and ``kvplan doctor`` (which
-reports it). The backends the plugin accepts, and what each can do, come from the executor's
-registry (:func:`kvplan.executor.backends.backend_info`), never from names written here.
+Read through the plugin's one preflight (``kvplan.integrations.vllm.plugin.preflight``),
+which the plugin (refusing to start on a bad value) and ``kvplan doctor`` (reporting it) both
+run. A mode's own settings (elastic: ``KVPLAN_MEMORY_LIMIT`` ...) are read by the mode's room
+and handed over; nothing here knows them. The backends the plugin accepts, and what each can
+do, come from the executor's registry (:func:`kvplan.executor.backends.backend_info`), never
+from names written here.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvplan.integrations.vllm._elastic import ElasticSettings, read_elastic_settings
 from kvplan.schemas.errors import Code, Diagnostic, error
 
 ENV_ENABLE = "KVPLAN_ENABLE"
@@ -23,7 +25,6 @@ ENV_STRICT = "KVPLAN_STRICT"
 ENV_PLAN_DIR = "KVPLAN_PLAN_DIR"
 
 DEFAULT_BACKEND = "cuda-vmm"
-MODES = ("eager", "elastic")
 DEFAULT_MODE = "eager"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -57,8 +58,6 @@ class Settings:
     strict: bool = False
     plan_dir: Path | None = None
     """Reviewed plans (``KVPLAN_PLAN_DIR``): a worker whose live plan differs refuses."""
-    elastic: ElasticSettings = field(default_factory=lambda: ElasticSettings())
-    """Elastic mode's limits and debug settings (read only when ``mode`` is elastic)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -68,13 +67,15 @@ class Settings:
             "dump_dir": None if self.dump_dir is None else str(self.dump_dir),
             "strict": self.strict,
             "plan_dir": None if self.plan_dir is None else str(self.plan_dir),
-            **({"elastic": self.elastic.as_dict()} if self.mode == "elastic" else {}),
         }
 
 
-def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[Diagnostic]]:
-    """The settings in ``environ`` and every problem with them (``KVP501`` errors)."""
-    from kvplan.executor.backends import backend_info, backend_names
+def read_settings(
+    environ: Mapping[str, str] | None = None, modes: Sequence[str] = (DEFAULT_MODE,)
+) -> tuple[Settings, list[Diagnostic]]:
+    """The settings in ``environ`` and every problem with them (``KVP501`` errors);
+    ``modes`` are the names ``KVPLAN_MODE`` may take."""
+    from kvplan.executor.backends import backend_names
 
     env = os.environ if environ is None else environ
     problems: list[Diagnostic] = []
@@ -95,26 +96,16 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
         )
         backend = DEFAULT_BACKEND
     mode = env.get(ENV_MODE, "").strip() or DEFAULT_MODE
-    if mode not in MODES:
+    if mode not in modes:
         problems.append(
             error(
                 Code.INTEGRATION,
                 ENV_MODE,
                 f"{ENV_MODE}={mode!r} is not a mode.",
-                f"use one of: {', '.join(MODES)}",
+                f"use one of: {', '.join(modes)}",
             )
         )
         mode = DEFAULT_MODE
-    if mode == "elastic" and not backend_info(backend).elastic:
-        elastic = [name for name in usable if backend_info(name).elastic]
-        problems.append(
-            error(
-                Code.INTEGRATION,
-                ENV_MODE,
-                f"the {backend} backend commits all memory up front and cannot run elastic mode.",
-                f"set {ENV_BACKEND} to one of {', '.join(elastic)}, or {ENV_MODE}=eager",
-            )
-        )
     raw_dir = env.get(ENV_DUMP_DIR, "").strip()
     dump_dir = Path(raw_dir).expanduser() if raw_dir else None
     raw_plans = env.get(ENV_PLAN_DIR, "").strip()
@@ -128,12 +119,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
                 f"point {ENV_PLAN_DIR} at a directory `kvplan golden` wrote, or unset it",
             )
         )
-    elastic_settings = ElasticSettings()
-    if mode == "elastic":
-        elastic_settings, bad_elastic = read_elastic_settings(env)
-        problems.extend(bad_elastic)
-    settings = Settings(enabled, backend, mode, dump_dir, strict, plan_dir, elastic_settings)
-    return settings, problems
+    return Settings(enabled, backend, mode, dump_dir, strict, plan_dir), problems
 
 
 def prepare_dump_dir(path: Path) -> Diagnostic | None:

@@ -1,7 +1,8 @@
-"""One tensor-parallel rank of :func:`~kvplan.integrations.vllm._build.collect_worker_specs`.
+"""One tensor-parallel rank of
+:func:`~kvplan.integrations.vllm.inspect._build.collect_worker_specs`.
 
-``python -m kvplan.integrations.vllm._rank DIR RANK`` reads ``DIR/request.pkl`` and writes
-the rank's :class:`~kvplan.integrations.vllm._build.WorkerSpecs` to ``DIR/rank<RANK>.pkl``.
+``python -m kvplan.integrations.vllm.inspect._rank DIR RANK`` reads ``DIR/request.pkl`` and writes
+the rank's :class:`~kvplan.integrations.vllm.inspect._build.WorkerSpecs` to ``DIR/rank<RANK>.pkl``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> None:
-    from kvplan.integrations.vllm._build import _rank_main
+    from kvplan.integrations.vllm.inspect._build import _rank_main
 
     folder, rank = Path(argv[0]), int(argv[1])
     options, init_method = pickle.loads((folder / "request.pkl").read_bytes())

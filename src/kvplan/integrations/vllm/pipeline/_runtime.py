@@ -1,11 +1,12 @@
 """The plugin's pipeline: capture → plan → reviewed-plan check → bind → verify.
 
-The version adapter's handlers (``versions/``) read vLLM's arguments and call
-:class:`Runtime`: ``allocate`` for an ``allocate_kv_cache`` call, ``runner_entry`` and
-``run_checked`` for the runner-level calls around it. Runner-level calls open a
+The handlers the version adapters name (``_handlers``, and a mode's own) read vLLM's arguments
+and call :class:`Runtime`: ``allocate`` for an ``allocate_kv_cache`` call, ``runner_entry``
+and ``run_checked`` for the runner-level calls around it. Runner-level calls open a
 :class:`CallContext` (runner, owner, ``is_profiling``, sharing map) that ``allocate`` reads.
-Each step below does one thing; refusals are worded in ``_refusals``. Bound caches live as
-long as their runner (``_patch_lifetime``).
+Each step below does one thing; refusals are worded in ``refusals``. How a plan is bound is
+the mode's (``_modes``), decided once. Bound caches live as long as their runner
+(``_lifetime``).
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvplan.integrations.vllm import _refusals as refusals
-from kvplan.integrations.vllm._elastic import EngineCoreState
-from kvplan.integrations.vllm._patch_lifetime import keep, release_owner
-from kvplan.integrations.vllm._patch_settings import Settings
+from kvplan.integrations.vllm.pipeline import refusals
+from kvplan.integrations.vllm.pipeline._lifetime import keep, release_owner
+from kvplan.integrations.vllm.pipeline.settings import Settings
 from kvplan.schemas.errors import Findings, KVPlanError
 
 if TYPE_CHECKING:
     from kvplan.executor import BoundKVCache
-    from kvplan.integrations.vllm._elastic import SchedulerSide
+    from kvplan.integrations.vllm.pipeline._modes import Mode
     from kvplan.integrations.vllm.versions import Target, VersionAdapter
     from kvplan.schemas.input import InputDocument
     from kvplan.schemas.plan import BindingPlan
@@ -153,9 +153,12 @@ def capture_step(
     label: str,
     phase: str,
 ) -> InputDocument:
-    """The worker's input document, captured by the release's adapter."""
-    return adapter.capture(
+    """The worker's input document, captured with the release's adapter."""
+    from kvplan.integrations.vllm.convert import capture
+
+    return capture(
         config,
+        adapter=adapter,
         shared_kv_cache_layers=shared,
         kernel_block_sizes=None if kernel_block_sizes is None else list(kernel_block_sizes),
         layout=layout,
@@ -220,38 +223,25 @@ def placement_step(settings: Settings, ctx: CallContext | None, device: Any) -> 
 
 
 def bind_step(
-    settings: Settings, plan: BindingPlan, device: Any, ctx: CallContext | None, label: str
+    settings: Settings,
+    mode: Mode,
+    plan: BindingPlan,
+    device: Any,
+    ctx: CallContext | None,
+    label: str,
 ) -> BoundKVCache:
-    """Bind ``plan`` with the configured backend, verify it, and tie it to the runner."""
-    from kvplan.executor import apply
-
+    """Bind ``plan`` the mode's way with the configured backend, verify it, let the mode take
+    the verified cache live, and tie it to the runner."""
     owner = ctx.owner if ctx else None
     release_owner(owner)  # the runner is replacing its cache
-    if settings.mode != "elastic":
-        cache = apply(plan, backend=settings.backend, device=str(device), mode="eager")
-    else:
-        from kvplan.integrations.vllm import _elastic as elastic
-
-        cache = apply(
-            plan,
-            backend=settings.backend,
-            device=str(device),
-            mode="elastic",
-            chunk_size=elastic.elastic_chunk_bytes(settings.backend),
-            unbacked="fault" if settings.elastic.poison else "scratch",
-        )
+    cache = mode.bind(plan, backend=settings.backend, device=str(device))
     try:
-        if settings.mode == "elastic":
-            # Block 0 is vLLM's null block: padding and dummy runs read it, it stays backed.
-            # Every other block is mapped when a step first uses it (``_elastic``).
-            cache.ensure_mapped([0])
         verify_step(plan, cache.tensors, "kvplan's binding", pools=cache.pools)
-        if settings.mode == "elastic":
-            elastic.attach_worker(owner, elastic.worker_side(cache, settings, label))
+        on_close = mode.attach(cache, owner, label)
     except BaseException:
         cache.close()
         raise
-    keep(owner, cache)
+    keep(owner, cache, on_close)
     return cache
 
 
@@ -264,6 +254,7 @@ class Runtime:
     def __init__(
         self,
         settings: Settings,
+        mode: Mode,
         adapter: VersionAdapter,
         vllm_version: str,
         *,
@@ -271,14 +262,12 @@ class Runtime:
         unpatched: Callable[[], list[str]],
     ) -> None:
         self.settings = settings
+        self.mode = mode
+        """How plans are bound (``KVPLAN_MODE``), decided once by the plugin."""
         self.adapter = adapter
         self.vllm_version = vllm_version
         self.active = True
         self.stats: Counter[str] = Counter()
-        self.elastic_core = EngineCoreState()
-        """Elastic mode, engine core process: every rank's config (``_elastic``)."""
-        self.elastic_sides: list[SchedulerSide] = []
-        """Elastic mode, engine core process: the elastic block pools (one per engine)."""
         self._readers = dict(readers)
         self._unpatched = unpatched
 
@@ -329,7 +318,7 @@ class Runtime:
             if not profiling:
                 self._check_reviewed(plan, ctx, where)
                 placement_step(self.settings, ctx, device)
-                cache = bind_step(self.settings, plan, device, ctx, where.label)
+                cache = bind_step(self.settings, self.mode, plan, device, ctx, where.label)
         except Exception as exc:
             cause = None if isinstance(exc, KVPlanError) else exc
             raise self.refuse(refusals.unexpected(exc, where, self.vllm_version)) from cause
@@ -381,7 +370,7 @@ class Runtime:
     ) -> None:
         if self.settings.plan_dir is None:
             return
-        from kvplan.integrations.vllm._reviewed import check_reviewed, model_of
+        from kvplan.integrations.vllm.pipeline._reviewed import check_reviewed, model_of
 
         vllm_config = ctx.vllm_config if ctx and ctx.vllm_config is not None else None
         model = model_of(vllm_config if vllm_config is not None else current_vllm_config())

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvplan.integrations.vllm import _refusals as refusals
+from kvplan.integrations.vllm.pipeline import refusals
 from kvplan.schemas.plan import BindingPlan
 
 GOLDEN_PLAN = "plan.json"

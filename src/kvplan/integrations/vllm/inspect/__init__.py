@@ -177,7 +177,7 @@ def inspect_model(
     model: str, options: InspectOptions | None = None, progress: Progress | None = None
 ) -> InspectResult:
     """Build ``model`` with the installed vLLM, capture each rank's config and plan it."""
-    from kvplan.integrations.vllm import prepare_environment, require_vllm
+    from kvplan.integrations.vllm.environment import prepare_environment, require_vllm
 
     require_vllm()
     prepare_environment()
@@ -361,9 +361,8 @@ def _build_error(resolved: ResolvedModel, exc: BaseException) -> KVPlanError:
 
 
 def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) -> InspectResult:
-    from kvplan import plan as make_plan
-    from kvplan.integrations.vllm import capture
-    from kvplan.integrations.vllm._build import (
+    from kvplan.integrations.vllm.convert import capture
+    from kvplan.integrations.vllm.inspect._build import (
         BuildOptions,
         collect_worker_specs,
         kernel_block_sizes,
@@ -371,7 +370,8 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         plan_kv_cache,
         runner_config,
     )
-    from kvplan.integrations.vllm._emulation import cuda_platform
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
+    from kvplan.planner import plan as make_plan
 
     build = BuildOptions(
         model=str(resolved.path),

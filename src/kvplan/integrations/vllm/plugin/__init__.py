@@ -6,7 +6,9 @@ several times. It does nothing unless ``KVPLAN_ENABLE=1`` (checked first, before
 import). When enabled it checks the vLLM version and every patch target, then wraps them
 all, or raises ``KVPlanError`` (``KVP501``) and wraps none. What is wrapped, and the handler
 each wrapper runs, comes from the vLLM release's adapter (``versions/``); the handlers drive
-the pipeline in ``_pipeline``. See ``docs/integration.md``.
+the pipeline (``kvplan.integrations.vllm.pipeline``) in the mode ``KVPLAN_MODE`` names (eager,
+or elastic serving from ``kvplan.integrations.vllm.elastic``), decided once here. Every check
+runs in ``_preflight``, which ``kvplan doctor`` runs too. See ``docs/integration.md``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvplan.executor import BoundKVCache
-    from kvplan.integrations.vllm._patch_settings import Settings
-    from kvplan.integrations.vllm._pipeline import Runtime
+    from kvplan.integrations.vllm.pipeline import Handler, Runtime
+    from kvplan.integrations.vllm.pipeline.settings import Settings
+    from kvplan.integrations.vllm.plugin._preflight import Preflight
     from kvplan.integrations.vllm.versions import Resolved
     from kvplan.schemas.errors import Diagnostic
 
@@ -31,6 +34,7 @@ __all__ = [
     "bound_caches",
     "check_patches",
     "is_active",
+    "preflight",
     "register",
     "release_all",
     "stats",
@@ -62,7 +66,7 @@ def register() -> None:
     setting, an unsupported vLLM version or a missing/changed patch target; then nothing is
     patched and vLLM does not start.
     """
-    from kvplan.integrations.vllm._patch_settings import ENV_ENABLE, flag
+    from kvplan.integrations.vllm.pipeline.settings import ENV_ENABLE, flag
 
     on, malformed = flag(os.environ, ENV_ENABLE)
     if not on and malformed is None:
@@ -77,52 +81,30 @@ def _activate() -> None:
     global _STATE
     import vllm
 
-    from kvplan.executor.backends import backend_class
-    from kvplan.integrations.vllm import _refusals as refusals
-    from kvplan.integrations.vllm import versions
-    from kvplan.integrations.vllm._patch_settings import prepare_dump_dir, read_settings
-    from kvplan.integrations.vllm._pipeline import Runtime
+    from kvplan.integrations.vllm.pipeline import HANDLERS, Runtime, refusals
+    from kvplan.integrations.vllm.plugin._preflight import preflight
 
-    settings, problems = read_settings()
-    if settings.enabled and not problems:
-        why = backend_class(settings.backend).available()
-        if why is not None:
-            problems.append(refusals.backend_unavailable(settings.backend, why))
-        if settings.dump_dir is not None:
-            bad = prepare_dump_dir(settings.dump_dir)
-            problems.extend([bad] if bad else [])
     version = str(getattr(vllm, "__version__", "unknown"))
-    adapter = versions.adapter_for(version)
-    found: list[Resolved] = []
-    if adapter is None:
-        problems.extend(
-            refusals.unsupported_version(
-                version, versions.supported_range(), versions.refused_for(version)
-            )
-        )
-    else:
-        elastic = settings.mode == "elastic"
-        if elastic and not adapter.elastic:
-            problems.append(
-                refusals.elastic_unsupported(
-                    f"vLLM {version} ({adapter.name}) is served in eager mode only; elastic "
-                    "serving needs vLLM 0.32 or 0.33"
-                )
-            )
-        found = [versions.resolve(t) for t in adapter.targets if elastic or not t.elastic_only]
-        problems.extend(refusals.target_unusable(version, r) for r in found if not r.ok)
-    if problems:
-        raise refusals.plugin_refused(version, problems)
+    found = preflight(vllm_version=version)
+    settings, mode, adapter = found.settings, found.mode, found.adapter
+    handlers = {**HANDLERS, **mode.handlers()}
+    for resolved in found.resolved:
+        name = resolved.target.handler
+        if resolved.target.patched and (name is None or name not in handlers):
+            found.problems.append(refusals.no_handler(resolved.target.name, name, mode.name))
+    if found.problems:
+        raise refusals.plugin_refused(version, found.problems)
     if not settings.enabled or adapter is None:
         return
-    readers = {r.target.qualname: r.value for r in found if not r.target.patched}
-    runtime = Runtime(settings, adapter, version, readers=readers, unpatched=_unpatched_sites)
+    readers = {r.target.qualname: r.value for r in found.resolved if not r.target.patched}
+    runtime = Runtime(settings, mode, adapter, version, readers=readers, unpatched=_unpatched_sites)
     state = _State(runtime)
     try:
-        for resolved in found:
+        for resolved in found.resolved:
             if not resolved.target.patched:
                 continue
-            wrapper = _wrap(resolved, runtime)
+            handler = handlers[str(resolved.target.handler)]
+            wrapper = _wrap(resolved, runtime, handler)
             state.patches.append(_Patch(resolved, resolved.value, wrapper))
             setattr(resolved.holder, resolved.attr, wrapper)
     except BaseException:
@@ -131,16 +113,25 @@ def _activate() -> None:
     _STATE = state
 
 
-def _wrap(resolved: Resolved, runtime: Runtime) -> Callable[..., Any]:
-    """The wrapper vLLM calls instead of ``resolved``: the adapter's handler while active."""
-    from kvplan.integrations.vllm._pipeline import Call
+def preflight(
+    environ: Mapping[str, str] | None = None, vllm_version: str | None = None
+) -> Preflight:
+    """Every check :func:`register` runs before it wraps anything (``kvplan doctor`` asks
+    this too): settings, the mode's own settings, backend, dump directory, the release's
+    adapter, the mode's support for it, every target. ``vllm_version`` ``None`` leaves the
+    release checks out (vLLM is not importable)."""
+    from kvplan.integrations.vllm.plugin._preflight import preflight as run
+
+    return run(environ, vllm_version)
+
+
+def _wrap(resolved: Resolved, runtime: Runtime, handler: Handler) -> Callable[..., Any]:
+    """The wrapper vLLM calls instead of ``resolved``: ``handler`` while active."""
+    from kvplan.integrations.vllm.pipeline import Call
 
     original = resolved.value
     target = resolved.target
     sig = inspect.signature(original)
-    handler = target.handler
-    if handler is None:
-        raise TypeError(f"{target.name} is patched but its adapter gives no handler")
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -197,9 +188,9 @@ def check_patches() -> list[Diagnostic]:
 
     Empty when the plugin is inactive (nothing to watch) or every site is wrapped.
     """
-    from kvplan.integrations.vllm._refusals import site_unwrapped
+    from kvplan.integrations.vllm.pipeline import refusals
 
-    return [site_unwrapped(name) for name in _unpatched_sites()]
+    return [refusals.site_unwrapped(name) for name in _unpatched_sites()]
 
 
 def is_active() -> bool:
@@ -224,13 +215,13 @@ def stats() -> dict[str, int]:
 
 def bound_caches() -> list[BoundKVCache]:
     """The KV caches the plugin bound that are still open (e.g. for elastic control)."""
-    from kvplan.integrations.vllm._patch_lifetime import live_caches
+    from kvplan.integrations.vllm.pipeline import live_caches
 
     return live_caches()
 
 
 def release_all() -> None:
     """Close every KV cache the plugin bound; their tensors must not be used afterwards."""
-    from kvplan.integrations.vllm._patch_lifetime import release_all as _release
+    from kvplan.integrations.vllm.pipeline import release_all as _release
 
     _release()

@@ -8,7 +8,8 @@ field types back from the vLLM classes' annotations.
 
 Which releases are supported, and the fields a release lacks, come from its version adapter
 (:mod:`kvplan.integrations.vllm.versions`): such a field is neither read from nor passed to
-that release. Public through the package: ``from kvplan.integrations.vllm import capture``.
+that release. Public through ``kvplan.integrations.vllm.convert`` and the package:
+``from kvplan.integrations.vllm import capture``.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def capture(
                 "kv_cache_config",
                 f"vLLM {version} uses the {adapter.form} config form; kvplan.input/1 holds the "
                 "placement form.",
-                "capture it with kvplan.integrations.vllm.legacy_capture",
+                "capture it with kvplan.integrations.vllm.convert.legacy",
             )
         )
     _refuse_unmodelled_specs(kv_cache_config, adapter, version)

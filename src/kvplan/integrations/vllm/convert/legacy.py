@@ -18,7 +18,7 @@ __all__ = ["backend_facts", "capture_legacy", "capture_runner", "encode_spec"]
 
 def encode_spec(spec: Any) -> dict[str, Any]:
     """A 0.24 ``KVCacheSpec`` as ``{kind: <class name>, <field>: <value>, ...}``."""
-    from kvplan.integrations.vllm._capture import encode_fields
+    from kvplan.integrations.vllm.convert._capture import encode_fields
 
     return {"kind": type(spec).__name__, **encode_fields(spec)}
 

@@ -13,7 +13,7 @@ The steps are vLLM's own, in vLLM's order:
 4. :func:`runner_config` and :func:`kernel_block_sizes`: the runner's copy after its
    KV-sharing append, and ``prepare_kernel_block_sizes`` over the runner's attention groups.
 
-Everything runs inside :func:`~kvplan.integrations.vllm._emulation.cuda_platform`.
+Everything runs inside :func:`~kvplan.integrations.vllm.inspect._emulation.cuda_platform`.
 
 Vision and audio towers are skipped (``language_model_only``): vLLM still runs a skipped
 tower's constructor, then replaces the tower with a placeholder that it never calls. When
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvplan.integrations.vllm._emulation import cuda_platform
+from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -310,7 +310,7 @@ def collect_worker_specs(options: BuildOptions, vllm_config: VllmConfig) -> list
 
     ``tp == 1`` builds in this process (as vLLM's uniproc executor does, so ``vllm_config``
     receives the worker's block-size update); ``tp > 1`` starts one Python process per rank
-    (``python -m kvplan.integrations.vllm._rank``), joined by a gloo group.
+    (``python -m kvplan.integrations.vllm.inspect._rank``), joined by a gloo group.
     """
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     if options.tp == 1:
@@ -323,7 +323,7 @@ def collect_worker_specs(options: BuildOptions, vllm_config: VllmConfig) -> list
         logs = [(Path(tmp) / f"rank{rank}.log").open("wb") for rank in range(options.tp)]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "kvplan.integrations.vllm._rank", tmp, str(rank)],
+                [sys.executable, "-m", "kvplan.integrations.vllm.inspect._rank", tmp, str(rank)],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )

@@ -2,7 +2,8 @@
 
 A cache lives as long as the runner that owns it (``weakref.finalize``, which also runs at
 interpreter exit); a runner that binds again closes its previous cache first. Caches bound
-without a runner live until :func:`release_all` or exit.
+without a runner live until :func:`release_all` or exit. A cache may come with a callback the
+binding mode gave (``on_close``: elastic mode's last stats snapshot), run after it closes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import atexit
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,27 +21,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.kvplan")
 
 _LOCK = threading.RLock()
-_OWNED: dict[int, tuple[weakref.finalize, list[BoundKVCache]]] = {}
-_UNOWNED: list[BoundKVCache] = []
+OnClose = Callable[[], None]
+_Kept = tuple["BoundKVCache", "OnClose | None"]
+
+_OWNED: dict[int, tuple[weakref.finalize, list[_Kept]]] = {}
+_UNOWNED: list[_Kept] = []
 _ATEXIT = False
 
 
-def _close_quietly(caches: list[BoundKVCache]) -> None:
-    from kvplan.integrations.vllm._elastic import detach_cache
-
+def _close_quietly(caches: list[_Kept]) -> None:
     while caches:
-        cache = caches.pop()
+        cache, on_close = caches.pop()
         try:
             cache.close()
         except Exception as exc:  # shutdown must go on; say what leaked
             logger.warning("kvplan: closing a KV cache failed: %s", exc)
+        if on_close is None:
+            continue
         try:
-            detach_cache(cache)  # elastic: the last stats snapshot
+            on_close()
         except Exception as exc:  # best effort at shutdown
-            logger.warning("kvplan: final elastic stats failed: %s", exc)
+            logger.warning("kvplan: after closing a KV cache: %s", exc)
 
 
-def _close_owned(key: int, caches: list[BoundKVCache]) -> None:
+def _close_owned(key: int, caches: list[_Kept]) -> None:
     with _LOCK:
         entry = _OWNED.get(key)
         if entry is not None and entry[1] is caches:
@@ -47,14 +52,16 @@ def _close_owned(key: int, caches: list[BoundKVCache]) -> None:
     _close_quietly(caches)
 
 
-def keep(owner: Any, cache: BoundKVCache) -> None:
-    """Keep ``cache`` alive as long as ``owner`` (a runner); without one, until release."""
+def keep(owner: Any, cache: BoundKVCache, on_close: OnClose | None = None) -> None:
+    """Keep ``cache`` alive as long as ``owner`` (a runner); without one, until release.
+    ``on_close`` runs after the cache is closed."""
     global _ATEXIT
+    kept: _Kept = (cache, on_close)
     with _LOCK:
         if owner is not None:
             entry = _OWNED.get(id(owner))
             if entry is None:
-                caches: list[BoundKVCache] = []
+                caches: list[_Kept] = []
                 try:
                     finalizer = weakref.finalize(owner, _close_owned, id(owner), caches)
                 except TypeError:  # not weak-referenceable: keep until release_all
@@ -62,9 +69,9 @@ def keep(owner: Any, cache: BoundKVCache) -> None:
                 if finalizer is not None:
                     entry = _OWNED[id(owner)] = (finalizer, caches)
             if entry is not None:
-                entry[1].append(cache)
+                entry[1].append(kept)
                 return
-        _UNOWNED.append(cache)
+        _UNOWNED.append(kept)
         if not _ATEXIT:
             atexit.register(release_all)
             _ATEXIT = True
@@ -96,5 +103,5 @@ def release_all() -> None:
 def live_caches() -> list[BoundKVCache]:
     """Every cache the plugin bound that is still open."""
     with _LOCK:
-        caches = [c for entry in _OWNED.values() for c in entry[1]] + list(_UNOWNED)
-    return [c for c in caches if not c.closed]
+        kept = [k for entry in _OWNED.values() for k in entry[1]] + list(_UNOWNED)
+    return [cache for cache, _ in kept if not cache.closed]

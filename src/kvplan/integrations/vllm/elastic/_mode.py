@@ -1,0 +1,268 @@
+"""Elastic mode (``KVPLAN_MODE=elastic``) as the pipeline sees it: one :class:`ElasticMode`,
+made when the plugin starts, holds this process's elastic state and defines the handlers of
+the adapters' ``elastic`` targets.
+
+Engine-core process: ``generate_scheduler_kv_cache_config`` keeps every rank's config
+(:meth:`ElasticMode.record_rank_configs`); ``Scheduler.__init__`` plans rank 0's config, builds
+the ledger and makes the block pool elastic (:meth:`ElasticMode.scheduler_init`);
+``Scheduler.schedule`` gives memory back before and attaches the step's operations after;
+``Scheduler.update_from_output`` turns a failed map into preemptions. Worker processes: the
+binding maps the null block and attaches a worker side (:meth:`ElasticMode.bind`,
+:meth:`ElasticMode.attach`); ``Worker.execute_model`` applies each step's operations first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, MapFailed, geometry_digest
+from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
+from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
+from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
+from kvplan.integrations.vllm.elastic._settings import (
+    ElasticSettings,
+    elastic_chunk_bytes,
+    read_elastic_settings,
+)
+from kvplan.integrations.vllm.elastic._worker import (
+    attach_worker,
+    detach_cache,
+    worker_of,
+    worker_side,
+)
+from kvplan.integrations.vllm.pipeline import Call, Handler, Runtime, plan_step
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+
+if TYPE_CHECKING:
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.executor import BoundKVCache
+    from kvplan.integrations.vllm.pipeline.settings import Settings
+    from kvplan.integrations.vllm.versions import Target, VersionAdapter
+    from kvplan.schemas.plan import BindingPlan
+
+logger = logging.getLogger("vllm.kvplan")
+
+
+class ElasticMode:
+    """Physical memory follows the blocks vLLM uses (``docs/elastic.md``)."""
+
+    name = "elastic"
+
+    def __init__(
+        self, settings: ElasticSettings, *, backend: str, dump_dir: Path | None = None
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.dump_dir = dump_dir
+        self.rank_configs: list[Any] = []
+        """Engine core: every rank's ``KVCacheConfig`` (for the scheduler's plan)."""
+        self.sides: list[SchedulerSide] = []
+        """Engine core: the elastic block pools (one per engine in this process)."""
+
+    @classmethod
+    def from_environment(
+        cls, env: Mapping[str, str], settings: Settings
+    ) -> tuple[ElasticMode, list[Diagnostic]]:
+        """The mode with its settings read from ``env``, and every problem with them
+        (a backend that commits all memory up front cannot run it)."""
+        from kvplan.executor.backends import backend_info, backend_names
+
+        elastic, problems = read_elastic_settings(env)
+        if not backend_info(settings.backend).elastic:
+            able = [n for n in backend_names(plugin=True) if backend_info(n).elastic]
+            problems.append(
+                error(
+                    Code.INTEGRATION,
+                    "KVPLAN_MODE",
+                    f"the {settings.backend} backend commits all memory up front and cannot run "
+                    "elastic mode.",
+                    f"set KVPLAN_BACKEND to one of {', '.join(able)}, or KVPLAN_MODE=eager",
+                )
+            )
+        return cls(elastic, backend=settings.backend, dump_dir=settings.dump_dir), problems
+
+    # -- the Mode protocol ----------------------------------------------------------------
+
+    def wraps(self, target: Target) -> bool:
+        return True
+
+    def check(self, adapter: VersionAdapter, version: str) -> list[Diagnostic]:
+        if adapter.elastic:
+            return []
+        return [
+            refusals.elastic_unsupported(
+                f"vLLM {version} ({adapter.name}) is served in eager mode only; kvplan declares "
+                "no elastic targets for it (docs/elastic.md lists the releases)"
+            )
+        ]
+
+    def handlers(self) -> Mapping[str, Handler]:
+        return {
+            "elastic/rank-configs": self.record_rank_configs,
+            "elastic/scheduler-init": self.scheduler_init,
+            "elastic/schedule": self.schedule,
+            "elastic/update-from-output": self.update_from_output,
+            "elastic/execute-model": self.execute_model,
+        }
+
+    def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
+        from kvplan.executor import apply
+
+        cache = apply(
+            plan,
+            backend=backend,
+            device=device,
+            mode="elastic",
+            chunk_size=elastic_chunk_bytes(backend),
+            unbacked="fault" if self.settings.poison else "scratch",
+        )
+        try:
+            # Block 0 is vLLM's null block: padding and dummy runs read it, it stays backed.
+            # Every other block is mapped when a step first uses it.
+            cache.ensure_mapped([0])
+        except BaseException:
+            cache.close()
+            raise
+        return cache
+
+    def attach(self, cache: BoundKVCache, owner: Any, label: str) -> Callable[[], None] | None:
+        side = worker_side(
+            cache, self.settings, dump_dir=self.dump_dir, backend=self.backend, label=label
+        )
+        attach_worker(owner, side)
+        return lambda: detach_cache(cache)  # the last stats snapshot
+
+    def describe(self) -> dict[str, Any]:
+        return self.settings.as_dict()
+
+    # -- handlers of the adapters' elastic targets ----------------------------------------
+
+    def record_rank_configs(self, runtime: Runtime, call: Call) -> Any:
+        """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config."""
+        self.rank_configs = list(call.arguments["kv_cache_configs"])
+        return call.run()
+
+    def scheduler_init(self, runtime: Runtime, call: Call) -> Any:
+        """``Scheduler.__init__``: build the ledger and make the block pool elastic."""
+        result = call.run()
+        scheduler = call.arguments["self"]
+        configs = self.rank_configs or [call.arguments["kv_cache_config"]]
+        manager = getattr(scheduler, "kv_cache_manager", None)
+        pool = getattr(manager, "block_pool", None)
+        if pool is None or not hasattr(pool, "free_block_queue"):
+            no_pool = refusals.elastic_unsupported("the scheduler has no block pool")
+            raise runtime.refuse(KVPlanError(no_pool))
+        if not configs[0].kv_cache_tensors:
+            return result
+        try:
+            ledgers = [scheduler_ledger(runtime, config) for config in configs]
+            if len({geometry_digest(ledger) for ledger in ledgers}) > 1:
+                raise KVPlanError(
+                    refusals.elastic_unsupported(
+                        "the ranks' KV caches have different block geometry (pipeline "
+                        "parallelism gives each stage other layers); elastic serving needs one"
+                    )
+                )
+            ledger = ledgers[0]
+            if ledger.num_blocks != pool.num_gpu_blocks:
+                raise KVPlanError(
+                    refusals.elastic_unsupported(
+                        f"the plan has {ledger.num_blocks} blocks, the block pool "
+                        f"{pool.num_gpu_blocks}"
+                    )
+                )
+            side = SchedulerSide(ledger, self.settings, pool, self.dump_dir)
+            need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
+            side.floor = ledger.mapped_bytes + need
+            if side.limit < side.floor:
+                raise refusals.elastic_limit_too_small(side.limit, side.floor)
+        except KVPlanError as exc:
+            raise runtime.refuse(exc) from None
+        make_elastic(pool, side)
+        self.sides.append(side)
+        logger.info(
+            "kvplan: elastic block pool: %d blocks, %d bytes reserved, limit %d, cache limit "
+            "%d, reserve %d, chunk %d bytes",
+            ledger.num_blocks, ledger.reserved_bytes, side.limit, side.cache_limit,
+            side.reserve, ledger.chunk_bytes,
+        )  # fmt: skip
+        return result
+
+    def schedule(self, runtime: Runtime, call: Call) -> Any:
+        """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
+        side = side_of(call.arguments["self"])
+        if side is None:
+            return call.run()
+        side.before_schedule()
+        output = call.run()
+        ops = side.ops()
+        if ops is not None:
+            setattr(output, OPS_ATTR, ops)
+        return output
+
+    def update_from_output(self, runtime: Runtime, call: Call) -> Any:
+        """``Scheduler.update_from_output``: a step whose maps failed becomes out of blocks."""
+        scheduler = call.arguments["self"]
+        side = side_of(scheduler)
+        if side is not None and side.failed:
+            ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+            failed = side.failed.pop(ops.seq, None) if ops is not None else None
+            if failed is not None:
+                recover_failed_map(scheduler, side, failed)
+        return call.run()
+
+    def execute_model(self, runtime: Runtime, call: Call) -> Any:
+        """``Worker.execute_model``: unmap, then map, this step's blocks; then run vLLM."""
+        ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+        if ops is not None:
+            worker = call.arguments["self"]
+            side = worker_of(getattr(worker, "model_runner", None))
+            if side is None:
+                why = "this worker received elastic operations but bound no elastic KV cache"
+                raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+            try:
+                side.apply(ops)
+            except MapFailed as failed:
+                try:
+                    hand_over(self.sides, side, ops, failed)
+                except KVPlanError as exc:
+                    raise runtime.refuse(exc) from failed.error
+        return call.run()
+
+
+def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
+    """What one request of ``max_model_len`` tokens needs backed: in every KV cache group
+    (each takes its own block ids from the one pool), the blocks vLLM's own
+    ``max_memory_usage_bytes`` admits for it, at the pool's mean bytes per block id."""
+    if not ledger.num_blocks:
+        return 0
+    blocks = 0
+    for group in config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        page = int(spec.page_size_bytes)
+        if page > 0:
+            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
+    blocks = min(blocks, ledger.num_blocks - 1)
+    return blocks * -(-ledger.reserved_bytes // ledger.num_blocks)
+
+
+def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:
+    """Plan ``config`` as the workers do and index its pages (sharers own no memory)."""
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm.convert import capture
+
+    document = capture(
+        config,
+        adapter=runtime.adapter,
+        shared_kv_cache_layers={},
+        metadata={"source": "kvplan vLLM plugin", "phase": "scheduler"},
+    )
+    plan, findings = plan_step(document, runtime.settings)
+    findings.raise_for_errors(strict=plan is None)
+    assert plan is not None
+    chunk = elastic_chunk_bytes(runtime.settings.backend)
+    return Ledger(plan, chunk, chunk)

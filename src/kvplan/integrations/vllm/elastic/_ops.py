@@ -1,0 +1,75 @@
+"""The transport: one step's memory operations, decided by the scheduler and carried on the
+``SchedulerOutput`` to every rank, and the geometry fingerprint both sides compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvplan.schemas.errors import KVPlanError
+
+if TYPE_CHECKING:
+    from kvplan.elastic.ledger import Ledger
+
+SCHEDULER_FIGURES = (
+    "live_blocks", "cached_blocks", "limit_bytes", "cache_limit_bytes", "reserve_bytes"
+)  # fmt: skip
+"""The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
+OPS_ATTR = "kvplan_elastic"
+"""The ``SchedulerOutput`` attribute that carries a step's :class:`ElasticOps`."""
+SAMPLED_BLOCKS = 64
+"""Blocks whose pages the geometry fingerprint compares (plus the first and last)."""
+
+
+@dataclass(frozen=True)
+class ElasticOps:
+    """One step's memory operations, decided by the scheduler, applied by every worker.
+
+    Plain ints and tuples: it is pickled to workers in other processes.
+    """
+
+    seq: int
+    unmap: tuple[int, ...]
+    """Blocks to unback first (free, without cache entries, since the step was scheduled)."""
+    map: tuple[int, ...]
+    """Blocks to back before the step runs (newly handed out)."""
+    live_blocks: int
+    cached_blocks: int
+    limit_bytes: int
+    cache_limit_bytes: int
+    reserve_bytes: int
+    mapped_bytes: int
+    """What the scheduler's ledger counts as mapped after these operations."""
+    digest: str
+    """The scheduler's geometry fingerprint (see :func:`geometry_digest`)."""
+
+
+def sampled_blocks(num_blocks: int) -> list[int]:
+    if num_blocks <= 0:
+        return []
+    step = max(1, num_blocks // SAMPLED_BLOCKS)
+    return sorted({*range(0, num_blocks, step), num_blocks - 1})
+
+
+def geometry_digest(ledger: Ledger) -> str:
+    """Chunk size, pool reservations and the chunks of sampled blocks, hashed: the scheduler
+    and each worker compute it from their own plan and must agree."""
+    import hashlib
+
+    h = hashlib.sha256(f"{ledger.chunk_bytes};{ledger.reserved_bytes};".encode())
+    h.update(f"{ledger.num_blocks};{ledger.pool_names}".encode())
+    for b in sampled_blocks(ledger.num_blocks):
+        h.update(f"{b}:{ledger.chunks(b)};".encode())
+    return h.hexdigest()[:16]
+
+
+class MapFailed(Exception):
+    """Backing a step's new blocks failed on a worker; everything that map did was rolled
+    back, so none of ``blocks`` is resident (the step itself was applied otherwise)."""
+
+    def __init__(self, seq: int, blocks: tuple[int, ...], error: KVPlanError) -> None:
+        super().__init__(str(error))
+        self.seq = seq
+        self.blocks = blocks
+        self.error = error

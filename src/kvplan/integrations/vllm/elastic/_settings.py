@@ -1,0 +1,168 @@
+"""Elastic mode's own settings: ``KVPLAN_MEMORY_LIMIT``, ``KVPLAN_CACHE_LIMIT``,
+``KVPLAN_RESERVE``, ``KVPLAN_POISON``, ``KVPLAN_MAP_RETRY`` and the test-only
+``KVPLAN_DEBUG_SKIP_MAP`` / ``KVPLAN_DEBUG_FAIL_MAP`` (read here, handed to the plugin by
+:class:`~kvplan.integrations.vllm.elastic.ElasticMode`), and the defaults derived from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvplan.integrations.vllm.pipeline.settings import flag
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
+
+ENV_MEMORY_LIMIT = "KVPLAN_MEMORY_LIMIT"
+ENV_CACHE_LIMIT = "KVPLAN_CACHE_LIMIT"
+ENV_RESERVE = "KVPLAN_RESERVE"
+ENV_POISON = "KVPLAN_POISON"
+ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
+ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
+ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
+
+CACHE_LIMIT_SHARE = 10
+"""Default ``KVPLAN_CACHE_LIMIT``: a tenth of the memory limit."""
+RESERVE_SHARE = 64
+"""Default ``KVPLAN_RESERVE``: 1/64 of the memory limit, at most :data:`RESERVE_MAX`."""
+RESERVE_MAX = 256 << 20
+MAP_RETRY_SECONDS = 1.0
+"""Default ``KVPLAN_MAP_RETRY``: after a failed map, no new memory is mapped for this long
+(the blocks already backed are all the engine gets, as if the limit were what is mapped),
+then mapping is tried again."""
+MAP_RETRY_MAX = 3600.0
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """``KVPLAN_MEMORY_LIMIT`` / ``KVPLAN_CACHE_LIMIT`` / ``KVPLAN_RESERVE`` (bytes; ``None``:
+    the default), ``KVPLAN_POISON`` and the test-only ``KVPLAN_DEBUG_SKIP_MAP`` /
+    ``KVPLAN_DEBUG_FAIL_MAP``."""
+
+    limit: int | None = None
+    cache_limit: int | None = None
+    reserve: int | None = None
+    poison: bool = False
+    skip_map: int | None = None
+    """Test-only negative control: drop one block from the N-th map (1-based)."""
+    fail_map: int | None = None
+    """Test-only fault injection: the N-th map (1-based) fails after mapping its chunks."""
+    map_retry: float = MAP_RETRY_SECONDS
+    """Seconds without new mappings after a failed map (0: try again at the next step)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "memory_limit": self.limit,
+            "cache_limit": self.cache_limit,
+            "reserve": self.reserve,
+            "poison": self.poison,
+            "debug_skip_map": self.skip_map,
+            "debug_fail_map": self.fail_map,
+            "map_retry": self.map_retry,
+        }
+
+
+def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
+    from kvplan.units import parse_size
+
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if raw == "0":
+        return 0
+    try:
+        return parse_size(raw)
+    except (ValueError, KVPlanError) as exc:
+        problems.append(
+            error(
+                Code.INTEGRATION,
+                name,
+                f"{name}={raw[:40]!r} is not a byte size ({exc}).",
+                f"write e.g. {name}=24GiB, 512MiB or 0",
+            )
+        )
+        return None
+
+
+def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list[Diagnostic]]:
+    """The elastic settings in ``env`` and every problem with them (``KVP501``)."""
+    problems: list[Diagnostic] = []
+    limit = _size(env, ENV_MEMORY_LIMIT, problems)
+    if limit == 0:
+        problems.append(
+            error(
+                Code.INTEGRATION,
+                ENV_MEMORY_LIMIT,
+                f"{ENV_MEMORY_LIMIT}=0 leaves no memory for the KV cache.",
+                f"give a byte size such as {ENV_MEMORY_LIMIT}=4GiB, or unset it",
+            )
+        )
+    cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
+    reserve = _size(env, ENV_RESERVE, problems)
+    poison, bad_poison = flag(env, ENV_POISON)
+    if bad_poison is not None:
+        problems.append(bad_poison)
+    skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
+    fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
+    retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
+    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail, retry), problems
+
+
+def _seconds(
+    env: Mapping[str, str], name: str, default: float, most: float, problems: list[Diagnostic]
+) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if 0 <= value <= most:  # also refuses nan and inf
+        return value
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            name,
+            f"{name}={raw[:40]!r} is not a number of seconds between 0 and {most:g}.",
+            f"write e.g. {name}=1 or {name}=0.5s, or unset it (default {default:g})",
+        )
+    )
+    return default
+
+
+def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
+    """A test-only ``KVPLAN_DEBUG_*`` setting: which map of a worker (1-based) it breaks."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.isdigit() and 0 < int(raw) < 1 << 31:
+        return int(raw)
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            name,
+            f"{name}={raw[:40]!r} is not a positive map number.",
+            f"unset {name} (it breaks the cache on purpose, for tests)",
+        )
+    )
+    return None
+
+
+def elastic_chunk_bytes(backend: str) -> int:
+    """The elastic mapping unit of ``backend``: its granularity (host-vmm: the OS page;
+    cuda-vmm: 2 MiB), known on the scheduler side without creating the backend."""
+    from kvplan.executor.backends import backend_info
+
+    return backend_info(backend).granularity_default
+
+
+def default_limits(settings: ElasticSettings, reserved: int) -> tuple[int, int, int]:
+    """``(limit, cache_limit, reserve)`` in bytes, defaults applied."""
+    limit = settings.limit if settings.limit is not None else reserved
+    cache = settings.cache_limit if settings.cache_limit is not None else limit // CACHE_LIMIT_SHARE
+    reserve = (
+        settings.reserve
+        if settings.reserve is not None
+        else min(limit // RESERVE_SHARE, RESERVE_MAX)
+    )
+    return limit, cache, reserve

@@ -1,0 +1,218 @@
+"""A worker's elastic cache: it applies the scheduler's operations first thing in each step,
+keeps the figures, and has its stats written (``_stats``). Workers never decide what to map."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic._ops import (
+    SCHEDULER_FIGURES,
+    ElasticOps,
+    MapFailed,
+    geometry_digest,
+)
+from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
+from kvplan.integrations.vllm.elastic._stats import StatsReporter, engine_name
+from kvplan.schemas.errors import KVPlanError
+
+if TYPE_CHECKING:
+    from kvplan.executor import BoundKVCache
+
+logger = logging.getLogger("vllm.kvplan")
+
+
+@dataclass
+class WorkerSide:
+    """One worker's elastic cache: applies the scheduler's operations, keeps the figures."""
+
+    cache: BoundKVCache
+    label: str
+    settings: ElasticSettings
+    dump_dir: Path | None
+    digest: str
+    backend: str
+    count: Counter[str] = field(default_factory=Counter)
+    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``steps`` (with operations),
+    ``map_calls``."""
+    seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
+    """Time spent mapping (``map``) and unmapping (``unmap``)."""
+    scheduler: dict[str, int] = field(default_factory=dict)
+    """What the scheduler last said: ``live_blocks``, ``cached_blocks``, ``limit_bytes``,
+    ``cache_limit_bytes``, ``reserve_bytes``."""
+    peak_mapped_bytes: int = 0
+    checked: bool = False
+    state: Literal["bound", "running", "closed"] = "bound"
+    _reporter: StatsReporter | None = None
+
+    def apply(self, ops: ElasticOps) -> None:
+        if not self.checked:
+            if ops.digest != self.digest:
+                raise refusals.elastic_geometry(self.label, ops.digest, self.digest)
+            self.checked = True
+        cache = self.cache
+        if ops.unmap:
+            before = sum(cache.mapped_chunks.values())
+            t0 = time.perf_counter()
+            cache.release_blocks(ops.unmap)
+            self.seconds["unmap"] += time.perf_counter() - t0
+            self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
+        blocks = ops.map
+        failed: MapFailed | None = None
+        if blocks:
+            self.count["map_calls"] += 1
+            if self.settings.skip_map == self.count["map_calls"]:  # test-only: break it on purpose
+                droppable = [b for b in blocks if b != 0]
+                if droppable:
+                    blocks = tuple(b for b in blocks if b != droppable[-1])
+                    logger.warning(
+                        "kvplan: %s skips mapping block %d (KVPLAN_DEBUG_SKIP_MAP)",
+                        self.label, droppable[-1],
+                    )  # fmt: skip
+            before = sum(cache.mapped_chunks.values())
+            t0 = time.perf_counter()
+            try:
+                self._map(blocks)
+            except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
+                self.count["failed_maps"] += 1
+                failed = MapFailed(ops.seq, blocks, exc)
+            else:
+                self.count["maps"] += sum(cache.mapped_chunks.values()) - before
+            finally:
+                self.seconds["map"] += time.perf_counter() - t0
+        self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
+        self.count["steps"] += 1
+        self.state = "running"
+        self.touch()
+        if failed is not None:
+            raise failed
+
+    def _map(self, blocks: tuple[int, ...]) -> None:
+        cache = self.cache
+        if self.settings.fail_map != self.count["map_calls"]:
+            cache.ensure_mapped(blocks)
+            return
+        # test-only fault injection: the chunks are mapped, granting access fails, the
+        # transaction rolls them back -- as when the device runs out of memory mid-step
+        from kvplan.executor.backends.faults import FaultyBackend
+
+        logger.warning(
+            "kvplan: %s fails map #%d on purpose (KVPLAN_DEBUG_FAIL_MAP)",
+            self.label, self.count["map_calls"],
+        )  # fmt: skip
+        real = cache.backend
+        cache.backend = FaultyBackend(real, fail_ops={"set_access"})
+        try:
+            cache.ensure_mapped(blocks)
+        finally:
+            cache.backend = real
+
+    def touch(self) -> None:
+        """Figures changed: keep the peak, wake the reporter (it snapshots on its thread: every
+        figure it reads is O(1) and read atomically, so a step never waits for it)."""
+        mapped = self.cache.mapped_bytes
+        if mapped > self.peak_mapped_bytes:
+            self.peak_mapped_bytes = mapped
+        if self._reporter is not None:
+            self._reporter.changed()
+
+    def snapshot(self) -> Any:
+        from kvplan.elastic.files import ElasticStats
+
+        cache = self.cache
+        return ElasticStats(
+            engine=engine_name(self.dump_dir),
+            rank=int(self.label.removeprefix("rank") or 0),
+            pid=os.getpid(),
+            time=time.time(),
+            state=self.state,
+            backend=self.backend,
+            chunk_bytes=cache.chunk_bytes,
+            num_blocks=cache.page_index.num_blocks,
+            reserved_bytes=cache.reserved_bytes,
+            mapped_bytes=0 if cache.closed else cache.mapped_bytes,
+            peak_mapped_bytes=self.peak_mapped_bytes,
+            **{key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES},
+            **{key: self.count[key] for key in ("maps", "unmaps", "failed_maps", "steps")},
+            map_seconds=round(self.seconds["map"], 6),
+            unmap_seconds=round(self.seconds["unmap"], 6),
+        )
+
+    def start_reporting(self) -> None:
+        if self.dump_dir is not None:
+            self._reporter = StatsReporter(self.dump_dir, self.snapshot)
+
+    def closed(self) -> None:
+        """The cache was closed: one last snapshot."""
+        self.state = "closed"
+        if self._reporter is not None:
+            self._reporter.stop()
+
+
+def worker_side(
+    cache: BoundKVCache,
+    settings: ElasticSettings,
+    *,
+    dump_dir: Path | None,
+    backend: str,
+    label: str,
+) -> WorkerSide:
+    """The elastic state of a worker that just bound ``cache`` (null block mapped)."""
+    from kvplan.elastic.ledger import Ledger
+
+    ledger = Ledger(cache.plan, cache.chunk_bytes, cache.chunk_bytes)
+    ledger.back([0])
+    side = WorkerSide(
+        cache=cache,
+        label=label,
+        settings=settings,
+        dump_dir=dump_dir,
+        digest=geometry_digest(ledger),
+        backend=backend,
+    )
+    limit, cache_limit, reserve = default_limits(settings, ledger.reserved_bytes)
+    side.scheduler = {
+        "limit_bytes": limit,
+        "cache_limit_bytes": cache_limit,
+        "reserve_bytes": reserve,
+    }
+    side.touch()
+    return side
+
+
+_WORKERS: dict[int, WorkerSide] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def attach_worker(owner: Any, side: WorkerSide) -> None:
+    """Register the elastic cache of runner ``owner`` (replacing an earlier one)."""
+    with _WORKERS_LOCK:
+        old = _WORKERS.pop(id(owner), None)
+        _WORKERS[id(owner)] = side
+    if old is not None and old is not side:
+        old.closed()
+    side.start_reporting()
+
+
+def worker_of(owner: Any) -> WorkerSide | None:
+    with _WORKERS_LOCK:
+        side = _WORKERS.get(id(owner))
+    if side is not None and side.cache.closed:
+        return None
+    return side
+
+
+def detach_cache(cache: BoundKVCache) -> None:
+    """The cache is being closed: final stats, forget its worker state."""
+    with _WORKERS_LOCK:
+        found = [k for k, s in _WORKERS.items() if s.cache is cache]
+        sides = [_WORKERS.pop(k) for k in found]
+    for side in sides:
+        side.closed()

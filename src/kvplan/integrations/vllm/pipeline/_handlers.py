@@ -1,0 +1,135 @@
+"""The handlers of the adapters' pipeline targets: what each wrapper reads from vLLM's
+arguments before it drives the :class:`~kvplan.integrations.vllm.pipeline.Runtime`.
+
+The version adapters name these handlers (``Target.handler``); :data:`HANDLERS` maps the names
+to the functions. A mode adds its own (elastic serving's live in its room).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvplan.integrations.vllm.pipeline import refusals
+from kvplan.integrations.vllm.pipeline._runtime import current_vllm_config
+from kvplan.integrations.vllm.versions import V1
+from kvplan.schemas.specs import KVCacheSpecKind
+
+if TYPE_CHECKING:
+    from kvplan.integrations.vllm.pipeline._modes import Handler
+    from kvplan.integrations.vllm.pipeline._runtime import Call, CallContext, Runtime
+
+
+def _sharing_map(
+    config: Any, ctx: CallContext | None, site: str, has_views: Callable[[Any], bool]
+) -> dict[str, str]:
+    """The runner's sharing map; else derived from the config and the forward context
+    (``allocate_kv_cache`` called without a runner)."""
+    if ctx is not None and ctx.shared is not None:
+        return dict(ctx.shared)
+    backed = {name for tensor in config.kv_cache_tensors for name in tensor.layers}
+    unbacked = [
+        name
+        for group in config.kv_cache_groups
+        if KVCacheSpecKind.of(type(group.kv_cache_spec).__name__)
+        is not KVCacheSpecKind.ENCODER_ONLY_ATTENTION
+        and has_views(group.kv_cache_spec)
+        for name in group.layer_names
+        if name not in backed
+    ]
+    if not unbacked:
+        return {}
+    vllm_config = (ctx.vllm_config if ctx else None) or current_vllm_config()
+    forward = getattr(
+        getattr(vllm_config, "compilation_config", None), "static_forward_context", None
+    )
+    shared = {
+        name: target
+        for name, layer in (forward or {}).items()
+        if (target := getattr(layer, "kv_sharing_target_layer_name", None))
+    }
+    missing = [name for name in unbacked if name not in shared]
+    if missing:
+        raise refusals.unknown_sharers(site, missing)
+    return shared
+
+
+def allocate_with(has_views: Callable[[Any], bool]) -> Handler:
+    """The ``allocate_kv_cache`` handler of a release where ``has_views(spec)`` tells whether
+    vLLM views a spec's layers (layers without views need no sharing map entry)."""
+
+    def allocate(runtime: Runtime, call: Call) -> Any:
+        """``allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes)``."""
+        args = call.arguments
+        return runtime.allocate(
+            call,
+            config=args["kv_cache_config"],
+            device=args["device"],
+            layout=args["layout"],
+            kernel_block_sizes=args["kernel_block_sizes"],
+            derive_sharing=lambda config, ctx: _sharing_map(config, ctx, call.site, has_views),
+        )
+
+    return allocate
+
+
+allocate = allocate_with(lambda spec: bool(spec.has_layer_views))
+allocate_all_views = allocate_with(lambda spec: True)
+"""A release whose specs have no ``has_layer_views`` (0.29): every layer is viewed."""
+
+
+def refuse_hisparse(runtime: Runtime, call: Call) -> Any:
+    """HiSparse allocates a host pool kvplan does not plan: refuse."""
+    raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
+
+
+def runner_entry(runtime: Runtime, call: Call) -> Any:
+    """``GPUModelRunner.initialize_kv_cache``: the owner and ``is_profiling``."""
+    runner = call.arguments["self"]
+    return runtime.runner_entry(
+        call,
+        owner=runner,
+        profiling=bool(call.arguments["is_profiling"]),
+        vllm_config=getattr(runner, "vllm_config", None),
+    )
+
+
+def v1_tensors(runtime: Runtime, call: Call) -> Any:
+    """V1 ``initialize_kv_cache_tensors``: the sharing map is ``runner.shared_kv_cache_layers``."""
+    runner = call.arguments["self"]
+    shared = getattr(runner, "shared_kv_cache_layers", None)
+    if not isinstance(shared, Mapping):
+        raise refusals.no_sharing_map(call.site, V1, runtime.vllm_version)
+    return runtime.run_checked(
+        call,
+        owner=runner,
+        shared=dict(shared),
+        vllm_config=getattr(runner, "vllm_config", None),
+        allocation_context=call.arguments["kv_cache_allocation_context"],
+    )
+
+
+def v2_init(runtime: Runtime, call: Call) -> Any:
+    """V2 ``init_kv_cache``: the sharing map is ``get_shared_kv_cache_layers(vllm_config)``."""
+    vllm_config = call.arguments["vllm_config"]
+    attention = getattr(vllm_config, "attention_config", None)
+    if getattr(attention, "hisparse_config", None) is not None:
+        raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
+    shared = runtime.read("get_shared_kv_cache_layers")(vllm_config)
+    return runtime.run_checked(
+        call,
+        shared=dict(shared),
+        vllm_config=vllm_config,
+        allocation_context=call.arguments["kv_cache_allocation_context"],
+    )
+
+
+HANDLERS: Mapping[str, Handler] = {
+    "allocate": allocate,
+    "allocate/all-views": allocate_all_views,
+    "refuse-hisparse": refuse_hisparse,
+    "runner-entry": runner_entry,
+    "v1-tensors": v1_tensors,
+    "v2-init": v2_init,
+}
+"""The pipeline's handlers by the names the version adapters give them."""
