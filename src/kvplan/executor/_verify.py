@@ -38,7 +38,7 @@ def _address(t: Tensor) -> int:
     """Where ``t`` starts: its storage's address plus its storage offset. ``data_ptr()`` is
     0 for a tensor with no elements (torch has nothing to point at), which would make an
     empty view look as if it started at minus its pool's address."""
-    return int(t.untyped_storage().data_ptr()) + t.storage_offset() * t.element_size()
+    return int(t.untyped_storage().data_ptr()) + int(t.storage_offset()) * t.element_size()
 
 
 def _mismatch(layer: str, field: str, expected: object, got: object) -> Diagnostic:
