@@ -1,4 +1,5 @@
-"""Byte sizes as people write them: ``80GiB``, ``2M``, ``4096``; and back, ``1.50 GiB``."""
+"""Sizes and numbers as people write them: ``80GiB``, ``2M``, ``4096``, ``0.9``; and back,
+``1.50 GiB``. ASCII only: the one reader of what people type (options, ``KVPLAN_*``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,63 @@ def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
     else:
         return value
     raise KVPlanError(error(code, where, problem, hint))
+
+
+def _ascii_number(text: str, limit: int) -> bool:
+    return text.isascii() and "_" not in text and len(text) <= limit
+
+
+def parse_int(
+    text: str, where: str = "number", *, minimum: int | None = None, code: str = "KVP406"
+) -> int:
+    """An integer people typed (``--tp 2``, ``KVPLAN_DEBUG_SKIP_MAP=3``): ASCII digits with
+    an optional sign and white space, else ``KVPlanError`` with ``code`` (``KVP406`` by
+    default, the code of a command-line value of the wrong type) at ``where``; below
+    ``minimum`` too. ``int()`` alone would read ``٣`` or ``３`` as 3 and ``1_0`` as 10, and
+    ``str.isdigit()`` accepts ``²``, which ``int()`` then refuses."""
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+    value: int | None = None
+    if _ascii_number(text, 40):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+    if value is None:
+        raise KVPlanError(
+            error(
+                Code(code),
+                where,
+                f"{show_value(text)} is not an integer written in ASCII digits.",
+                f"e.g. {where} 16" if where.startswith("-") else "write e.g. 16",
+            )
+        )
+    if minimum is not None and value < minimum:
+        raise KVPlanError(
+            error(Code(code), where, f"{value} is below {minimum}.", f"give at least {minimum}")
+        )
+    return value
+
+
+def parse_number(text: str, where: str = "number", *, code: str = "KVP406") -> float:
+    """A number people typed (``--gpu-memory-utilization 0.9``, ``--interval 0.5``): ASCII
+    only (``nan`` and ``inf`` are returned: the caller checks its range), else
+    ``KVPlanError`` with ``code`` at ``where``."""
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+    try:
+        if _ascii_number(text, 60):
+            return float(text)
+    except ValueError:
+        pass
+    raise KVPlanError(
+        error(
+            Code(code),
+            where,
+            f"{show_value(text)} is not a number written in ASCII digits.",
+            f"e.g. {where} 0.9" if where.startswith("-") else "write e.g. 0.9",
+        )
+    )
 
 
 def human_bytes(n: float) -> str:

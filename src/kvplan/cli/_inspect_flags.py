@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from kvplan import units
-from kvplan.cli._numbers import ascii_float, ascii_int
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.inspect import InspectOptions
@@ -76,11 +75,11 @@ class InspectFlags:
         """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size,
         ``KVP406`` for a number that is not ASCII digits). Read before vLLM is imported."""
         gpu_memory = units.parse_size(self.gpu_memory, "--gpu-memory")
-        utilization = ascii_float(self.gpu_memory_utilization, "--gpu-memory-utilization")
-        num_blocks = ascii_int(self.num_blocks, "--num-blocks")
-        max_model_len = ascii_int(self.max_model_len, "--max-model-len")
-        block_size = ascii_int(self.block_size, "--block-size")
-        tp = ascii_int(self.tp, "--tp", minimum=1) or 1
+        utilization = units.parse_number(self.gpu_memory_utilization, "--gpu-memory-utilization")
+        num_blocks = _optional_int(self.num_blocks, "--num-blocks")
+        max_model_len = _optional_int(self.max_model_len, "--max-model-len")
+        block_size = _optional_int(self.block_size, "--block-size")
+        tp = units.parse_int(self.tp, "--tp", minimum=1)
         from kvplan.integrations.vllm.inspect import InspectOptions
 
         return InspectOptions(
@@ -97,6 +96,10 @@ class InspectFlags:
             reserve_weights=self.reserve_weights,
             trust_remote_code=self.trust_remote_code,
         )
+
+
+def _optional_int(text: str | None, option: str) -> int | None:
+    return None if text is None else units.parse_int(text, option)
 
 
 def with_inspect_flags(command: _F) -> _F:

@@ -11,7 +11,6 @@ import typer
 from rich.table import Table
 
 from kvplan.cli._documents import LegacyOptions, as_plan, load_document_as_plan
-from kvplan.cli._numbers import ascii_int
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -29,7 +28,7 @@ from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.loading import check_output, dump, dumps, load_any, write_text_atomic
 from kvplan.schemas.plan import BindingPlan
-from kvplan.units import human_bytes
+from kvplan.units import human_bytes, parse_int
 
 
 class DiffFormat(StrEnum):
@@ -115,7 +114,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
-        capacity = ascii_int(virtual_capacity, "--virtual-capacity")
+        capacity = (
+            None if virtual_capacity is None else parse_int(virtual_capacity, "--virtual-capacity")
+        )
         legacy = LegacyOptions(strategy, pool_layout, capacity)
         legacy.check()
         if output is not None:

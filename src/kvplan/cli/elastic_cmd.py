@@ -20,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
-from kvplan.cli._numbers import ascii_float
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -225,7 +224,7 @@ def top_command(
     ] = False,
 ) -> None:
     """Show the elastic memory of every engine and rank dumping under DIR, live (Ctrl-C quits)."""
-    interval = ascii_float(interval_text, "--interval")
+    interval = units.parse_number(interval_text, "--interval")
     if not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL:
         raise KVPlanError(
             error(
