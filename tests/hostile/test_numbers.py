@@ -4,6 +4,7 @@ number a command reads, is refused with a code, never read as the digit it looks
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,3 +95,22 @@ def test_every_number_option_reads_ascii_digits_only(
     # a size is KVP020, a number KVP406, a block range KVP004 (apply --blocks' own code)
     assert outcome.stderr[:6] in ("KVP004", "KVP020", "KVP406"), outcome.stderr[:300]
     assert (area.dump / "limit.json").exists() == before
+
+
+@pytest.mark.parametrize("digit", SAMPLE, ids=[f"U+{ord(d):04X}" for d in SAMPLE])
+def test_a_fraction_in_a_document_is_ascii(digit: str) -> None:
+    """``tokens_per_state: "1/1"`` is vLLM's ``Fraction``; ``Fraction("٣/٤")`` would read the
+    Arabic-Indic digits, so the schema reads ASCII fractions only (``KVP004``)."""
+    from kvplan.schemas.loading import parse_input
+    from tests import _builders as b
+
+    data = b.llama(2)
+    spec = data["kv_cache_config"]["kv_cache_groups"][0]["kv_cache_spec"]
+    spec["tokens_per_state"] = "1/1"
+    parse_input(data)
+    one = chr(ord(digit) - 2)  # the same script's digit one (decimal digits are contiguous)
+    assert unicodedata.decimal(one) == 1
+    spec["tokens_per_state"] = f"{one}/{one}"
+    with pytest.raises(KVPlanError) as refused:
+        parse_input(data)
+    assert refused.value.code.value == "KVP004"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kvplan import units
 from kvplan.cli._documents import load_document_as_plan
-from kvplan.cli._output import EXIT_ERROR, guarded, print_json, report, stdout_console
+from kvplan.cli._output import EXIT_ERROR, cell, guarded, print_json, report, stdout_console
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
@@ -137,7 +137,7 @@ def _table(plan: BindingPlan, stats: dict[str, Any], ok: bool) -> Table:
     table.add_column("value", justify="right")
     for name, ms in stats["timings_ms"].items():
         table.add_row(f"{name} (ms)", f"{ms:.3f}")
-    table.add_row("device", str(stats["device"]))
+    table.add_row("device", cell(stats["device"]))
     table.add_row(
         "pools / views / aliases", f"{len(plan.pools)} / {len(plan.views)} / {len(plan.aliases)}"
     )

@@ -63,17 +63,17 @@ def run_inspect(model: str, options: InspectOptions, *, quiet: bool) -> InspectR
     from kvplan.integrations.vllm.inspect import inspect_model
 
     console = stderr_console()
-    with console.status(f"loading vLLM to inspect {model}…") as status:
+    with console.status(cell(f"loading vLLM to inspect {model}…")) as status:
 
         def progress(message: str) -> None:
-            status.update(f"{message}…")
+            status.update(cell(f"{message}…"))
 
         return inspect_model(model, options, progress)
 
 
 def _short(layer: str) -> str:
     """``13`` for ``….layers.13.self_attn.attn``; the name itself otherwise."""
-    match = re.search(r"layers\.(\d+)\.", layer)
+    match = re.search(r"layers\.([0-9]+)\.", layer)
     return match.group(1) if match else layer
 
 

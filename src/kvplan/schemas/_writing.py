@@ -183,7 +183,18 @@ def check_output(
     """Refuse now what :func:`write_text_atomic` would refuse, before any work is done."""
     if within is not None and make_dirs:
         refuse_output_over_input(path, inputs)
-        return  # folders may not exist yet; the write itself checks every step
+        try:
+            folder, leaf = open_below(within, path)
+        except KVPlanError as exc:
+            if exc.code is Code.UNREADABLE:
+                return  # a folder on the way does not exist yet: nothing there to refuse
+            first = exc.diagnostics[0]
+            raise _refuse(first.code, str(path), first.message, first.hint) from None
+        try:
+            _existing_mode(folder, leaf, str(path))
+        finally:
+            os.close(folder)
+        return
     folder, _, _ = _target(path, inputs, within, make_dirs=False)
     os.close(folder)
 

@@ -92,7 +92,7 @@ releases a ``kvplan.input-legacy/1`` document may name."""
 
 def release_minor(version: str) -> str:
     """``0.25.1`` / ``v0.28.0rc1.dev3+g12`` → ``0.25`` (unchanged when not a version)."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    match = re.match(r"\s*v?([0-9]+)\.([0-9]+)", version, re.ASCII)
     return f"{match.group(1)}.{match.group(2)}" if match else version
 
 

@@ -40,6 +40,8 @@ def _parse_fraction(value: object) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, str):
+        if not value.isascii():  # Fraction() also reads Arabic-Indic or full-width digits
+            raise ValueError(f"expected an int or an 'n/d' string in ASCII digits, got {value!r}")
         try:
             return Fraction(value.strip())
         except (ValueError, ZeroDivisionError) as exc:
