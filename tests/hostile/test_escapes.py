@@ -104,7 +104,8 @@ def test_environment_values_reach_no_terminal_raw(variable: str, name: str) -> N
     value = ENVIRONMENT[variable](text)
     if "\x00" in value:  # pragma: no cover - no hostile text holds NUL
         return
-    outcome = invoke(["doctor"], env={**ENV, variable: value, "KVPLAN_ENABLE": "1"})
+    # the first doctor imports vLLM (tens of seconds on a loaded machine): not a hang
+    outcome = invoke(["doctor"], env={**ENV, variable: value, "KVPLAN_ENABLE": "1"}, seconds=600)
     _check(outcome, text, f"doctor {variable}={name}")
 
 
