@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,8 @@ def test_top_once_table(engines: Path) -> None:
     assert "cached" in out and "maps" in out and "unmaps" in out and "map time" in out
     assert "failed" in out  # failed maps (each one preempted requests, see docs/elastic.md)
     assert out.count("host:e1") == 2 and out.count("host:e2") == 2
-    assert "1.00 MiB" in out and "512.00 MiB" in out and "12.5 ms" in out  # mapped, limit, time
+    assert "1.00 MiB" in out and "512 MiB" in out and "12.5 ms" in out  # mapped, limit, time
+    assert "cache lim" in out and "51.0 MiB" in out  # the cache limit
     assert "stale" not in out and "\x1b" not in out  # NO_COLOR: no escapes
 
 
@@ -129,6 +131,7 @@ def test_top_marks_stale_but_not_closed(tmp_path: Path) -> None:
     assert res.exit_code == 0 and res.stdout.count("stale 6") == 1
     data = json.loads(run("top", str(tmp_path), "--json").stdout)
     assert [d["stale"] for d in data] == [True, False]
+    assert [d["status"] for d in data] == ["stale", "closed"]
 
 
 def test_top_reports_bad_files_and_shows_the_rest(engines: Path) -> None:
@@ -148,7 +151,7 @@ def test_top_only_bad_files_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_top_nothing_found_is_exit_1(tmp_path: Path) -> None:
-    for args in ([], ["--once"], ["--json"]):
+    for args in (["--once"], ["--json"], ["--html", str(tmp_path / "p.html")]):
         res = run("top", str(tmp_path), *args)
         assert res.exit_code == 1, res.output
         assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
@@ -191,7 +194,7 @@ def test_top_live_refreshes_until_ctrl_c(engines: Path, monkeypatch: pytest.Monk
     res = run("top", str(engines), "--interval", "0.25")
     assert res.exit_code == 0, res.output
     assert sleeps == [0.25, 0.25, 0.25]
-    assert len(reads) == 4  # the start check, the first frame and two refreshes
+    assert len(reads) == 3  # the start check (also the first frame) and two refreshes
     assert "7.00 MiB" in res.stdout and "host:e2" in res.stdout
 
 
@@ -203,3 +206,168 @@ def test_top_escapes_and_bounds_document_text(tmp_path: Path) -> None:
     assert "evil\\x1b[31m" in res.stdout and "x" * 400 not in res.stdout
     data = json.loads(run("top", str(tmp_path), "--json").stdout)
     assert data[0]["engine"] == engine  # JSON keeps the exact value, escaped as JSON
+
+
+# -- liveness, widths, units, waiting ---------------------------------------------------------
+
+
+def test_an_idle_engine_is_not_stale_within_three_heartbeats(tmp_path: Path) -> None:
+    write_stats(tmp_path, make_stats(rank=0, time=time.time() - 5.0))  # was "stale" at 5 s
+    write_stats(tmp_path, make_stats(rank=1, time=time.time() - 7.0))
+    data = json.loads(run("top", str(tmp_path), "--json").stdout)
+    assert [d["status"] for d in data] == ["running", "stale"]
+
+
+def test_a_dead_engine_on_this_host_is_shown_dead(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from kvplan.elastic.status import pid_namespace
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    here = {"host": socket.gethostname(), "pid_namespace": pid_namespace()}
+    write_stats(tmp_path, make_stats(rank=0, time=time.time(), pid=child.pid, **here))
+    write_stats(tmp_path, make_stats(rank=1, time=time.time(), pid=os.getpid(), **here))
+    res = run("top", str(tmp_path), "--once")
+    assert res.exit_code == 0, res.output
+    assert "dead" in res.stdout and f"pid {child.pid} is gone" in res.stdout
+    data = json.loads(run("top", str(tmp_path), "--json").stdout)
+    assert [(d["status"], d["alive"]) for d in data] == [("dead", False), ("running", True)]
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_the_table_fits_the_terminal(tmp_path: Path, columns: int) -> None:
+    now = time.time()
+    for rank in range(3):
+        write_stats(
+            tmp_path,
+            make_stats(
+                engine="an-engine-with-a-rather-long-name",
+                rank=rank,
+                time=now,
+                mapped_bytes=(23 << 30) + rank,
+                limit_bytes=24 << 30,
+                map_seconds=312.5,
+                maps=1_234_567,
+                floor_bytes=640 << 10,
+                asked_limit_bytes=24 << 30,
+            ),
+        )
+    res = CliRunner().invoke(
+        app, ["top", str(tmp_path), "--once"], env={"NO_COLOR": "1", "COLUMNS": str(columns)}
+    )
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    header = next(line for line in lines if line.startswith("engine"))
+    kept = header.split()
+    assert {"rank", "state", "mapped", "limit", "live", "cached"} <= set(kept)
+    assert "…" not in res.stdout  # no cell is cut by the table (engine names are cut " ... ")
+    assert "23.0 GiB" in res.stdout and "24.0 GiB" in res.stdout
+    assert "not shown at this width:" in res.stdout and "--json has every field" in res.stdout
+    if columns == 100:
+        assert "cache" in kept and "51.0 MiB" in res.stdout
+
+
+def test_map_time_units() -> None:
+    assert elastic_cmd.human_seconds(0.000412) == "412 µs"
+    assert elastic_cmd.human_seconds(0.0125) == "12.5 ms"
+    assert elastic_cmd.human_seconds(1.25) == "1.25 s"
+    assert elastic_cmd.human_seconds(312.5) == "312 s"
+    assert elastic_cmd.short_bytes(640 << 10) == "640 KiB"
+    assert elastic_cmd.short_bytes(1073725440) == "1.00 GiB"
+    assert elastic_cmd.short_bytes(999) == "999 B"
+
+
+def test_top_shows_the_limit_in_force_and_asked(tmp_path: Path) -> None:
+    write_stats(
+        tmp_path,
+        make_stats(
+            time=time.time(), limit_bytes=640 << 10, floor_bytes=640 << 10, asked_limit_bytes=1024
+        ),
+    )
+    res = run("top", str(tmp_path), "--once")
+    assert res.exit_code == 0
+    assert "asked" in res.stdout and "1.00 KiB<" in res.stdout
+    assert "asked 1.00 KiB, below its floor 640 KiB; in force: 640 KiB" in res.stdout
+    (row,) = json.loads(run("top", str(tmp_path), "--json").stdout)
+    assert row["limit_bytes"] == 640 << 10 and row["asked_limit_bytes"] == 1024
+    assert row["floor_bytes"] == 640 << 10 and row["limit_raised_to_floor"] is True
+    assert row["mapped_runs"] is None and row["mapped_runs_unit"] == 1
+
+
+def test_live_mode_waits_for_the_first_stats_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sleeps: list[float] = []
+
+    def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:  # the engine binds while top waits
+            write_stats(tmp_path, make_stats(time=time.time(), mapped_bytes=3 << 20))
+        if len(sleeps) == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(elastic_cmd.time, "sleep", fake_sleep)
+    res = run("top", str(tmp_path), "--interval", "0.5")
+    assert res.exit_code == 0, res.output
+    assert "waiting for rank<N>.stats.json files" in res.stderr and "Ctrl-C" in res.stderr
+    assert "3.00 MiB" in res.stdout
+
+
+def test_ctrl_c_while_waiting_is_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_sleep(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(elastic_cmd.time, "sleep", fake_sleep)
+    res = run("top", str(tmp_path))
+    assert res.exit_code == 1 and "waiting for" in res.stderr and res.stdout == ""
+
+
+# -- limit against the engines' floors --------------------------------------------------------
+
+
+def _engine(directory: Path, rank: int = 0, **changes: Any) -> None:
+    values: dict[str, Any] = {"time": time.time(), "floor_bytes": 640 << 10, "rank": rank}
+    values.update(changes)
+    write_stats(directory, make_stats(**values))
+
+
+def test_limit_below_an_engines_floor_is_written_and_said(tmp_path: Path) -> None:
+    _engine(tmp_path, engine="e1")
+    res = run("limit", str(tmp_path), "1KiB")
+    assert res.exit_code == 1, res.output  # written, but not in force as asked
+    got = read_limit(tmp_path)
+    assert isinstance(got, LimitRequest) and got.limit_bytes == 1024
+    assert "limit 1.00 KiB" in res.stdout
+    assert res.stderr.startswith("KVP427 warning")
+    assert "floor of e1 rank 0, 640.00 KiB" in res.stderr and "raises the limit" in res.stderr
+    res = run("limit", str(tmp_path), "640KiB")
+    assert res.exit_code == 0 and res.stderr == ""
+
+
+def test_limit_json_lists_each_engine(tmp_path: Path) -> None:
+    _engine(tmp_path, rank=0)
+    _engine(tmp_path, rank=1, floor_bytes=None)  # an older writer: floor unknown
+    _engine(tmp_path, rank=2, state="closed")  # gone: not watching
+    (tmp_path / "sub").mkdir()
+    _engine(tmp_path / "sub", floor_bytes=1 << 40)  # another engine's directory
+    res = run("limit", str(tmp_path), "4KiB", "--json")
+    assert res.exit_code == 1, res.output
+    data = json.loads(res.stdout)
+    assert data["limit_bytes"] == 4096 and data["below_floor"] is True
+    assert [(e["rank"], e["status"], e["floor_bytes"]) for e in data["engines"]] == [
+        (0, "running", 640 << 10),
+        (1, "running", None),
+        (2, "closed", 640 << 10),
+    ]
+    assert [e["limit_in_force_bytes"] for e in data["engines"]] == [640 << 10, 4096, None]
+    assert res.stderr.count("KVP427") == 1
+
+
+def test_limit_without_engines_is_written(tmp_path: Path) -> None:
+    res = run("limit", str(tmp_path), "1KiB", "--json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["engines"] == []

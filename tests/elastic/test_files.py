@@ -245,3 +245,128 @@ def test_bad_limit_file_is_a_diagnostic(tmp_path: Path, content: str) -> None:
     got = read_limit(tmp_path)
     assert isinstance(got, Diagnostic) and got.code is Code.LIMIT_UNREADABLE
     assert str(tmp_path / LIMIT_FILE) in got.location
+
+
+# -- the optional fields: liveness, floor, asked limit, mapped runs -------------------------
+
+
+def test_files_of_older_writers_read_with_defaults(tmp_path: Path) -> None:
+    data = make_stats().model_dump(mode="json")
+    for key in (
+        "host",
+        "pid_namespace",
+        "floor_bytes",
+        "asked_limit_bytes",
+        "plan_fingerprint",
+        "mapped_runs",
+        "mapped_runs_unit",
+    ):
+        del data[key]
+    (tmp_path / "rank0.stats.json").write_text(json.dumps(data))
+    ((_, got),) = read_stats_tree(tmp_path)
+    assert isinstance(got, ElasticStats)
+    assert (got.host, got.floor_bytes, got.asked_limit_bytes, got.mapped_runs) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert got.mapped_runs_unit == 1
+
+
+def test_new_fields_round_trip(tmp_path: Path) -> None:
+    stats = make_stats(
+        host="node-1",
+        pid_namespace="pid:[4026531836]",
+        floor_bytes=640 << 10,
+        asked_limit_bytes=1024,
+        plan_fingerprint="sha256:" + "ab" * 32,
+        mapped_runs={"kv_cache": [(0, 1), (5, 3)]},
+    )
+    path = write_stats(tmp_path, stats)
+    data = json.loads(path.read_text())
+    assert data["mapped_runs"] == {"kv_cache": [[0, 1], [5, 3]]}  # [first_chunk, count]
+    assert data["floor_bytes"] == 640 << 10 and data["asked_limit_bytes"] == 1024
+    assert read_stats_tree(tmp_path) == [(path, stats)]
+
+
+@pytest.mark.parametrize(
+    ("runs", "needle"),
+    [
+        ({"kv_cache": [[5, 1], [2, 1]]}, "sorted and disjoint"),
+        ({"kv_cache": [[0, 4], [3, 1]]}, "sorted and disjoint"),
+        ({"kv_cache": [[-1, 2]]}, "first chunk"),
+        ({"kv_cache": [[0, 0]]}, "first chunk"),
+        ({"kv_cache": [[0, 1, 2]]}, "mapped_runs"),
+        ({"kv_cache": [[2**50, 1]]}, "below 2**50"),
+        ({"": [[0, 1]]}, "pool name"),
+        ({"p" * 257: [[0, 1]]}, "pool name"),
+        ({f"p{i}": [[0, 1]] for i in range(65)}, "more than 64 pools"),
+        ({"kv_cache": [[2 * i, 1] for i in range(513)]}, "more than 512 runs"),
+    ],
+)
+def test_bad_mapped_runs_are_a_diagnostic(tmp_path: Path, runs: Any, needle: str) -> None:
+    data = make_stats().model_dump(mode="json")
+    data["mapped_runs"] = runs
+    (tmp_path / "rank0.stats.json").write_text(json.dumps(data))
+    ((_, diag),) = read_stats_tree(tmp_path)
+    assert isinstance(diag, Diagnostic) and diag.code is Code.STATS_UNREADABLE
+    assert needle in diag.message and "mapped_runs" in diag.message
+
+
+def test_the_largest_valid_snapshot_fits_the_reader(tmp_path: Path) -> None:
+    """A writer that fills every bound still writes a file the reader accepts."""
+    pools = [
+        f"{'p' * (files.MAX_POOL_NAME_CHARS - 3)}{i:03d}" for i in range(files.MAX_MAPPED_POOLS)
+    ]
+    per = files.MAX_MAPPED_RUNS // len(pools)
+    big = 2**50 - 2 * per - 2
+    runs = {pool: [(big + 2 * k, 1) for k in range(per)] for pool in pools}
+    stats = make_stats(
+        engine="e" * 512,
+        backend="b" * 64,
+        host="h" * 255,
+        pid_namespace="n" * 64,
+        plan_fingerprint="f" * 128,
+        floor_bytes=2**63 - 1,
+        asked_limit_bytes=2**63 - 1,
+        mapped_runs=runs,
+    )
+    path = write_stats(tmp_path, stats)
+    assert path.stat().st_size <= files.MAX_FILE_BYTES
+    assert read_stats_tree(tmp_path) == [(path, stats)]
+
+
+def test_run_lengths() -> None:
+    assert files.run_lengths([]) == []
+    assert files.run_lengths([7, 1, 2, 3, 3, 9, 8]) == [(1, 3), (7, 3)]
+
+
+def test_mapped_runs_exact_when_they_fit() -> None:
+    runs, unit = files.mapped_runs({"kv_cache": {0, 1, 2, 10}, "empty": set()})
+    assert (runs, unit) == ({"kv_cache": [(0, 3), (10, 1)]}, 1)
+
+
+def test_mapped_runs_coarsen_past_the_bound() -> None:
+    chunks = set(range(0, 4000, 3))  # 1334 runs of one chunk
+    runs, unit = files.mapped_runs({"kv_cache": chunks}, max_runs=100)
+    assert runs is not None and unit > 1 and unit & (unit - 1) == 0
+    assert sum(len(r) for r in runs.values()) <= 100
+    covered = {u for first, count in runs["kv_cache"] for u in range(first, first + count)}
+    assert all(c // unit in covered for c in chunks)  # every mapped chunk's unit is listed
+    make_stats(mapped_runs=runs, mapped_runs_unit=unit)  # and a snapshot accepts them
+
+
+def test_mapped_runs_that_cannot_be_recorded_are_none() -> None:
+    many = {f"pool{i}": [0] for i in range(files.MAX_MAPPED_POOLS + 1)}
+    assert files.mapped_runs(many) == (None, 1)
+    assert files.mapped_runs({"p" * 300: [0]}) == (None, 1)
+
+
+def test_stale_means_the_writer_stopped() -> None:
+    assert files.HEARTBEAT_SECONDS == 2.0 and files.STALE_HEARTBEATS == 3
+    stats = make_stats(time=1000.0)
+    assert not files.is_stale(stats, 1000.0 + 5.9)  # an idle engine's heartbeat is 2 s
+    assert files.is_stale(stats, 1000.0 + 6.1)
+    assert not files.is_stale(make_stats(time=1000.0, state="closed"), 99999.0)
+    assert not files.is_stale(stats, 900.0)  # a clock behind the writer's: not stale

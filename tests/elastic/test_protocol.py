@@ -386,3 +386,25 @@ def test_free_ids_follow_vllms_queue_lazily() -> None:
 
     side.pool = type("Pool", (), {"free_block_queue": Listed()})()
     assert list(side.free_ids()) == expected
+
+
+def test_a_workers_snapshot_says_what_is_mapped_and_which_limit_holds() -> None:
+    """The fields ``kvplan top`` shows: writer identity, the plan, the mapped chunks as runs,
+    the floor and the limit asked next to the one in force (from the scheduler's ops)."""
+    plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
+    cache = apply(plan, backend="host-vmm", mode="elastic", chunk_size=PAGE)
+    cache.ensure_mapped([0])
+    settings = ElasticSettings(limit=1 << 20)
+    worker = elastic.worker_side(cache, settings, dump_dir=None, backend="host-vmm", label="rank0")
+    with worker.cache:
+        before = worker.snapshot()
+        assert before.host and before.plan_fingerprint == worker.cache.plan.fingerprint
+        assert before.asked_limit_bytes == 1 << 20 and before.floor_bytes is None
+        worker.apply(_ops(worker, map=(3, 4, 5), floor_bytes=5 * PAGE, asked_limit_bytes=PAGE))
+        after = worker.snapshot()
+        assert after.floor_bytes == 5 * PAGE and after.asked_limit_bytes == PAGE
+        chunks = worker.cache.mapped_chunk_ids()
+        assert after.mapped_runs_unit == 1
+        assert {pool: sum(n for _, n in runs) for pool, runs in after.mapped_runs.items()} == {
+            pool: len(ids) for pool, ids in chunks.items() if ids
+        }

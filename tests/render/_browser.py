@@ -7,6 +7,8 @@ fails) with a progress message; it raises with the reason when it cannot — nev
 
 from __future__ import annotations
 
+import html as html_module
+import json
 import os
 import shutil
 import struct
@@ -15,6 +17,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 NAMES = ("chromium", "chromium-browser")
 FLAGS = (
@@ -149,3 +152,76 @@ def drawn_rows(png: Path) -> float:
     """
     _, height, rows = png_rows(png)
     return sum(1 for row in rows if len(set(row[1:])) > 3) / max(height, 1)
+
+
+MEASURE_ID = "kvplan-measure"
+_MEASURE_JS = """
+(function () {
+  function box(el) {
+    var r = el.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  }
+  function title(el) { var t = el.querySelector('title'); return t ? t.textContent : ''; }
+  function tip(d) {
+    var x = 0, y = 0, parts = d.match(/[MVHL][^MVHL]*/g) || [];
+    parts.forEach(function (p) {
+      var n = p.slice(1).trim().split(/[ ,]+/).map(Number);
+      if (p[0] === 'M' || p[0] === 'L') { x = n[0]; y = n[1]; }
+      else if (p[0] === 'V') { y = n[0]; } else { x = n[0]; }
+    });
+    return [x, y];
+  }
+  var out = {svgs: []};
+  document.querySelectorAll('svg[role=img]').forEach(function (svg) {
+    var base = svg.getBoundingClientRect();
+    var item = {label: svg.getAttribute('aria-label'), origin: [base.left, base.top],
+                texts: [], rects: [], arrows: []};
+    svg.querySelectorAll('text').forEach(function (t) {
+      item.texts.push({text: t.textContent, cls: t.getAttribute('class') || '', box: box(t)});
+    });
+    svg.querySelectorAll('rect').forEach(function (r) {
+      item.rects.push({cls: r.getAttribute('class') || '', box: box(r), title: title(r),
+                       fill: r.getAttribute('fill') || ''});
+    });
+    svg.querySelectorAll('path.arrow').forEach(function (p) {
+      var d = p.getAttribute('d'), end = tip(d);
+      var cx = base.left + end[0], cy = base.top + end[1];
+      var hits = function (y) {
+        return document.elementsFromPoint(cx, y).filter(function (e) {
+          return e.tagName === 'rect' && (e.getAttribute('class') || '').indexOf('stripe') >= 0;
+        }).map(title);
+      };
+      item.arrows.push({d: d, title: title(p), tip: [cx, cy],
+                        at_tip: hits(cy + 1), at_head_base: hits(cy + 7)});
+    });
+    out.svgs.push(item);
+  });
+  var pre = document.createElement('pre');
+  pre.id = 'MEASURE_ID';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+""".replace("MEASURE_ID", MEASURE_ID)
+
+
+def measure(chromium: str, html: str, tmp: Path, size: tuple[int, int] = (1400, 1000)) -> Any:
+    """Lay ``html`` out in headless Chromium and return, per drawn SVG (``role=img``), every
+    text's and rectangle's box in page pixels (real font metrics) and every arrow's path, tip and
+    the stripes under its tip, as a script added to a copy of the page measures them."""
+    page = tmp / "measured.html"
+    page.write_text(html.replace("</body>", f"<script>{_MEASURE_JS}</script></body>"), "utf-8")
+    result = _run(
+        chromium,
+        f"--window-size={size[0]},{size[1]}",
+        "--dump-dom",
+        page.resolve().as_uri(),
+    )
+    dom = result.stdout.decode()
+    start = dom.find(f'<pre id="{MEASURE_ID}">')
+    if result.returncode != 0 or start < 0:
+        raise RuntimeError(
+            f"chromium exited {result.returncode} without the measurement:\n"
+            + result.stderr.decode(errors="replace")[-2000:]
+        )
+    body = dom[start + len(f'<pre id="{MEASURE_ID}">') : dom.index("</pre>", start)]
+    return json.loads(html_module.unescape(body))

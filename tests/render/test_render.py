@@ -218,3 +218,61 @@ def test_the_axis_marks_the_layer_slots() -> None:
     page = plan_page(gemma_plan())
     for label in (">0 B<", ">24.00 GiB<", ">48.00 GiB<", ">72.00 GiB<"):
         assert label in page
+
+
+def test_the_page_gives_the_block_size_in_tokens() -> None:
+    page = plan_page(gemma_plan())
+    # vLLM unifies the page size: the full-attention group's blocks hold half as many tokens
+    assert "16 tokens (g4); 32 tokens (g0, g1, g2, g3) per block" in page
+    assert "g4</b> FullAttention · 3 view(s) · 16 tokens per block" in page
+    llama = plan_of(b.llama(4, num_blocks=64))
+    assert "16 tokens per block" in plan_page(llama)
+
+
+def test_a_saving_above_the_pool_says_why() -> None:
+    from tests.render._pictures import small_gemma_plan
+
+    page = plan_page(small_gemma_plan())  # 768 MiB pool, sharing "saves" 5.00 GiB
+    assert "5.00 GiB" in page and "768.00 MiB" in page
+    assert (
+        "Why KV sharing saves more than the pool holds: 20 sharers × a 32.00 KiB page × "
+        "8,192 blocks is what the sharers would need on their own, while vLLM overlays the 5 "
+        "groups on the same 768.00 MiB"
+    ) in page
+    assert "Why KV sharing saves" not in plan_page(plan_of(b.llama(4, num_blocks=64)))
+
+
+def test_styles_follow_the_layers_across_plans() -> None:
+    from kvplan.render._palette import palette
+    from tests.render._pictures import gemma_regrouped_plan
+
+    a, regrouped = gemma_plan(), gemma_regrouped_plan()
+    (alone,) = palette(a)
+    assert alone == {g: g for g in range(5)}
+    sa, sb = palette(a, regrouped)
+    layer_style_a = {v.layer: sa[v.group] for v in a.views}
+    layer_style_b = {v.layer: sb[v.group] for v in regrouped.views}
+    assert layer_style_a == layer_style_b
+    # a group of B sharing no layer with A takes a style no group of A has
+    extra = plan_of(b.document([([b.name(i) for i in range(90, 92)], b.attn_spec())], num_blocks=8))
+    sa, sx = palette(a, extra)
+    assert set(sx.values()).isdisjoint(sa.values())
+
+
+def test_the_drawing_of_a_10000_layer_plan_is_bounded() -> None:
+    """The SVG does not grow with the layers (the tables do, one row each)."""
+    sizes = []
+    for n in (1000, 10000):
+        page = plan_page(big(n, 6))
+        svg = sum(len(m) for m in re.findall(r"<svg.*?</svg>", page, re.DOTALL))
+        sizes.append(svg)
+    assert sizes[1] < 2 * sizes[0] < 600_000, sizes
+
+
+def test_control_and_bidi_characters_in_names_are_shown_not_obeyed() -> None:
+    text = json.dumps(to_data(gemma_plan()))
+    text = text.replace("language_model.model.layers.1.", "\\u001b[31m\\u202elayers.1.")
+    hostile = parse_plan(json.loads(text))
+    for page in (plan_page(hostile), diff_page(gemma_plan(), hostile)):
+        assert "\x1b" not in page and "\u202e" not in page
+        assert "\\x1b[31m\\u202elayers.1." in page

@@ -18,6 +18,14 @@ from kvplan.integrations.vllm.doctor import ENTRY_POINT, GROUP, INSTALL_HINT, NA
 from kvplan.schemas.errors import printable
 
 
+def _typed(report: Report, name: str, value: object) -> str:
+    """A setting as shown: what the user typed when it was refused, else the value in force."""
+    bad = any(p.location == name and p.is_error for p in report.problems)
+    if bad and name in report.environment:
+        return f"{report.environment[name]!r} (refused: see problems)"
+    return str(value)
+
+
 def _render(report: Report) -> None:
     """The report, every line escaped: settings come from the environment (``KVPLAN_*``)."""
     console = stdout_console()
@@ -45,13 +53,28 @@ def _render(report: Report) -> None:
     else:
         verb = "lists" if report.plugin_allowed else "omits"
         line("VLLM_PLUGINS", f"{','.join(report.vllm_plugins)} ({verb} {NAME})")
+    for row in report.other_plugins:
+        state = "loaded here first" if row["loaded"] else row.get("error", "not loaded")
+        line("other plugin", f"{row['name']} = {row['value']} ({state})")
     line("enabled", "yes (KVPLAN_ENABLE)" if settings["enabled"] else "no (set KVPLAN_ENABLE=1)")
     state = "available" if report.backend_available else "UNAVAILABLE"
-    line("backend", f"{settings['backend']}: {state}, {report.backend_detail}")
-    line("mode", str(settings["mode"]))
-    line("dump dir", str(settings["dump_dir"] or "-"))
+    backend = _typed(report, "KVPLAN_BACKEND", settings["backend"])
+    line("backend", f"{backend}: {state}, {report.backend_detail}")
+    line("mode", _typed(report, "KVPLAN_MODE", settings["mode"]))
+    for key, value in (settings.get("elastic") or {}).items():
+        if value is not None and value is not False:
+            line(f"  {key}", str(value))
+    line("dump dir", _typed(report, "KVPLAN_DUMP_DIR", settings["dump_dir"] or "-"))
     line("strict", "yes" if settings["strict"] else "no")
-    line("plan dir", str(settings["plan_dir"] or "-"))
+    line("plan dir", _typed(report, "KVPLAN_PLAN_DIR", settings["plan_dir"] or "-"))
+    if report.floor is not None:
+        floor = report.floor
+        checked = (
+            f"KVPLAN_MEMORY_LIMIT {floor['limit_bytes']} bytes checked"
+            if floor["checked"]
+            else "no KVPLAN_MEMORY_LIMIT in elastic mode to check"
+        )
+        line("elastic floor", f"{floor['floor_bytes']} bytes for {floor['model']} ({checked})")
     if report.backends:
         out("backends (KVPLAN_BACKEND; * = configured)")
         width = max(len(row["name"]) for row in report.backends)
@@ -80,8 +103,21 @@ def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_cmd(
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model",
+                help="also build MODEL as `kvplan inspect` does and check an elastic "
+                "KVPLAN_MEMORY_LIMIT against its floor (KVP533), as the engine will",
+            ),
+        ] = None,
+        max_model_len: Annotated[
+            int | None,
+            typer.Option("--max-model-len", min=1, help="with --model: vLLM's max_model_len"),
+        ] = None,
     ) -> None:
-        """Check that vLLM can run with kvplan's plugin: versions, loader, settings, targets.
+        """Check that vLLM can run with kvplan's plugin: versions, loader, other plugins,
+        settings, targets (and, with --model, the elastic floor).
 
         Exit 0 if it can (enabled or not), 2 if something is in the way.
         """
@@ -89,7 +125,7 @@ def register(app: typer.Typer) -> None:
         from kvplan.integrations.vllm.doctor import diagnose
 
         prepare_environment(quiet=True)
-        report = diagnose()
+        report = diagnose(model=model, max_model_len=max_model_len)
         if as_json:
             print_json(report.as_dict())
         else:

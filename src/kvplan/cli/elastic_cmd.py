@@ -9,12 +9,16 @@ dumping into DIR watch. Exit codes: 0 shown/written, 1 no stats files under DIR,
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -35,11 +39,12 @@ from kvplan.elastic.files import (
     read_stats_tree,
     write_limit,
 )
-from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable
+from kvplan.elastic.status import EngineStatus, engine_status
+from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable, warning
+from kvplan.schemas.loading import write_text_atomic
+from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
 
-STALE_SECONDS = 5.0
-"""A snapshot older than this (of an engine not closed) is marked stale."""
 MAX_INTERVAL = 3600.0
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
@@ -91,8 +96,14 @@ def limit_command(
             help="bytes of freed-but-cached KV kept backed (0 allowed; default: the engines')",
         ),
     ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print what was written and each engine's floor")
+    ] = False,
 ) -> None:
-    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json)."""
+    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json).
+
+    Exit 0 written; 1 written, but below the floor of an engine dumping into DIR (that engine
+    raises it to its floor); 2 an error (nothing written)."""
     limit = parse_limit_size(size, "SIZE")
     cache_limit = parse_limit_size(cache, "--cache", zero_ok=True) if cache is not None else None
     if cache_limit is not None and cache_limit > limit:
@@ -106,11 +117,57 @@ def limit_command(
             )
         )
     _directory(directory)
+    now = time.time()
+    engines = [
+        (p, s, engine_status(s, now))
+        for p, s in read_stats_tree(directory)
+        if isinstance(s, ElasticStats) and p.parent == directory
+    ]
+    engines.sort(key=lambda item: (item[1].engine, item[1].rank))
+    watching = [e for e in engines if e[2].status not in ("closed", "dead")]
+    below = [e for e in watching if e[1].floor_bytes is not None and limit < e[1].floor_bytes]
     path = write_limit(directory, limit, cache_limit)
     cached = "the engines' default" if cache_limit is None else _bytes(cache_limit)
-    stdout_console().print(
-        Text(printable(f"wrote {path}: limit {_bytes(limit)}, cache limit {cached}"))
+    if json_out:
+        print_json(
+            {
+                "path": str(path),
+                "limit_bytes": limit,
+                "cache_limit_bytes": cache_limit,
+                "below_floor": bool(below),
+                "engines": [
+                    {
+                        "path": str(p),
+                        "engine": s.engine,
+                        "rank": s.rank,
+                        "status": st.status,
+                        "floor_bytes": s.floor_bytes,
+                        "limit_in_force_bytes": None
+                        if st.status in ("closed", "dead")
+                        else max(limit, s.floor_bytes or 0),
+                    }
+                    for p, s, st in engines
+                ],
+            }
+        )
+    else:
+        stdout_console().print(
+            Text(printable(f"wrote {path}: limit {_bytes(limit)}, cache limit {cached}"))
+        )
+    report(
+        warning(
+            Code.LIMIT_BELOW_FLOOR,
+            "SIZE",
+            f"the limit {_bytes(limit)} is below the floor of "
+            f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}, "
+            f"{_bytes(s.floor_bytes or 0)} (its null block and one request of max_model_len "
+            f"tokens in every KV cache group): that engine raises the limit to its floor.",
+            f"pass at least {_bytes(s.floor_bytes or 0)} for the limit to be in force as asked",
+        )
+        for _, s, _ in below
     )
+    if below:
+        raise typer.Exit(EXIT_DIFFERENT)
 
 
 def _bytes(n: int) -> str:
@@ -120,94 +177,315 @@ def _bytes(n: int) -> str:
 # -- top ------------------------------------------------------------------------------------
 
 Snapshot = list[tuple[Path, ElasticStats | Diagnostic]]
+Row = tuple[Path, ElasticStats, EngineStatus]
 
 
-def _split(snapshot: Snapshot) -> tuple[list[tuple[Path, ElasticStats]], list[Diagnostic]]:
+def _split(snapshot: Snapshot, now: float) -> tuple[list[Row], list[Diagnostic]]:
     stats = [(p, s) for p, s in snapshot if isinstance(s, ElasticStats)]
     diags = [s for _, s in snapshot if isinstance(s, Diagnostic)]
     stats.sort(key=lambda item: (item[1].engine, item[1].rank, str(item[0])))
-    return stats, diags
+    return [(p, s, engine_status(s, now)) for p, s in stats], diags
 
 
-def _age(stats: ElasticStats, now: float) -> Text:
-    age = max(0.0, now - stats.time)
-    shown = f"{age:.0f}s" if age >= 10 else f"{age:.1f}s"
-    if stats.state != "closed" and age > STALE_SECONDS:
-        return Text(f"stale {shown}", style="bold red")
-    return Text(shown)
+def short_bytes(n: int | None) -> str:
+    """Three significant digits: ``640 KiB``, ``1.00 GiB``, ``24.0 GiB`` (``-`` for None)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 999.5 or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            return (
+                f"{value:.2f} {unit}"
+                if value < 9.995
+                else (f"{value:.1f} {unit}" if value < 99.95 else f"{value:.0f} {unit}")
+            )
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop always returns
 
 
-def _table(stats: list[tuple[Path, ElasticStats]], directory: Path, now: float) -> Table:
-    table = Table(title=Text(printable(f"kvplan top {directory}")))
-    for column in (
-        "engine",
-        "rank",
-        "state",
-        "mapped",
-        "peak",
-        "limit",
-        "reserved",
-        "live",
-        "cached",
-        "maps",
-        "unmaps",
-        "failed",
-        "map time",
-        "age",
-    ):
-        table.add_column(column, justify="left" if column in ("engine", "state") else "right")
-    for _, s in stats:
+def human_seconds(seconds: float) -> str:
+    """``850 µs``, ``12.5 ms``, ``1.25 s``, ``310 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 100.0:
+        return f"{seconds:.2f} s" if seconds < 10.0 else f"{seconds:.1f} s"
+    return f"{seconds:,.0f} s"
+
+
+def _age(age: float) -> str:
+    return f"{age:.0f}s" if age >= 10 else f"{age:.1f}s"
+
+
+def _state(status: EngineStatus) -> Text:
+    if status.status == "stale":
+        return Text(f"stale {_age(status.age_seconds)}", style="bold yellow")
+    if status.status == "dead":
+        return Text("dead", style="bold red")
+    return Text(status.status)
+
+
+def raised(stats: ElasticStats) -> bool:
+    """The limit asked is below the engine's floor, so the limit in force is the floor."""
+    asked = stats.asked_limit_bytes
+    return (
+        asked is not None
+        and asked < stats.limit_bytes
+        and (stats.floor_bytes is None or asked < stats.floor_bytes)
+    )
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[Row], Text | str]
+    rank: int
+    """Which columns go first when the table is too wide: the highest ``rank`` first."""
+    right: bool = True
+
+
+def _asked(row: Row) -> Text | str:
+    s = row[1]
+    if s.asked_limit_bytes is None:
+        return "default"
+    text = short_bytes(s.asked_limit_bytes)
+    return Text(text + "<", style="yellow") if raised(s) else text
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("engine", lambda r: r[1].engine, 0, right=False),
+    Column("rank", lambda r: str(r[1].rank), 1),
+    Column("state", lambda r: _state(r[2]), 2, right=False),
+    Column("mapped", lambda r: short_bytes(r[1].mapped_bytes), 3),
+    Column("peak", lambda r: short_bytes(r[1].peak_mapped_bytes), 11),
+    Column("limit", lambda r: short_bytes(r[1].limit_bytes), 4),
+    Column("asked", _asked, 8),
+    Column("floor", lambda r: short_bytes(r[1].floor_bytes), 14),
+    Column("cache lim", lambda r: short_bytes(r[1].cache_limit_bytes), 7),
+    Column("reserved", lambda r: short_bytes(r[1].reserved_bytes), 15),
+    Column("live", lambda r: f"{r[1].live_blocks:,}", 5),
+    Column("cached", lambda r: f"{r[1].cached_blocks:,}", 6),
+    Column("maps", lambda r: f"{r[1].maps:,}", 16),
+    Column("unmaps", lambda r: f"{r[1].unmaps:,}", 17),
+    Column("failed", lambda r: f"{r[1].failed_maps:,}", 9),
+    Column("map time", lambda r: human_seconds(r[1].map_seconds), 10),
+    Column("age", lambda r: _age(r[2].age_seconds), 12),
+)
+"""Every column of ``kvplan top``, in display order; ``rank`` orders them for dropping."""
+GAP = 2
+"""Characters between two columns (``box.SIMPLE_HEAD``, no edge, collapsed padding)."""
+MIN_ENGINE_CHARS = 12
+
+
+def _text(value: Text | str) -> Text:
+    return value if isinstance(value, Text) else Text(value)
+
+
+def _fit(rows: list[Row], width: int) -> tuple[list[Column], int, list[Column]]:
+    """The columns that fit ``width`` (by rank), the engine column's width, those left out."""
+    cells = {
+        c.header: [_text(c.cell(r)) for r in rows] if c.header != "engine" else [] for c in COLUMNS
+    }
+    need = {c.header: max([len(c.header), *(t.cell_len for t in cells[c.header])]) for c in COLUMNS}
+    engine_full = max([6, *(len(printable(r[1].engine, MAX_ENGINE_CHARS)) for r in rows)])
+    engine = min(engine_full, max(MIN_ENGINE_CHARS, width // 6))
+    used = engine
+    kept: list[Column] = [COLUMNS[0]]
+    for column in sorted(COLUMNS[1:], key=lambda c: c.rank):
+        if used + GAP + need[column.header] <= width:
+            kept.append(column)
+            used += GAP + need[column.header]
+    if used < width and engine < engine_full:  # room left: the engine names in full
+        engine = min(engine_full, engine + width - used)
+    order = {c.header: i for i, c in enumerate(COLUMNS)}
+    kept.sort(key=lambda c: order[c.header])
+    dropped = [c for c in COLUMNS if c not in kept]
+    return kept, engine, dropped
+
+
+def _table(rows: list[Row], directory: Path, width: int) -> tuple[Table, list[Column]]:
+    columns, engine_chars, dropped = _fit(rows, width)
+    table = Table(
+        title=Text(printable(f"kvplan top {directory}", max(width, 20))),
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for column in columns:
+        table.add_column(column.header, justify="right" if column.right else "left", no_wrap=True)
+    for row in rows:
         table.add_row(
-            Text(printable(s.engine, MAX_ENGINE_CHARS)),
-            cell(s.rank),
-            cell(s.state),
-            cell(human_bytes(s.mapped_bytes)),
-            cell(human_bytes(s.peak_mapped_bytes)),
-            cell(human_bytes(s.limit_bytes)),
-            cell(human_bytes(s.reserved_bytes)),
-            cell(f"{s.live_blocks:,}"),
-            cell(f"{s.cached_blocks:,}"),
-            cell(f"{s.maps:,}"),
-            cell(f"{s.unmaps:,}"),
-            cell(f"{s.failed_maps:,}"),
-            cell(f"{s.map_seconds * 1e3:,.1f} ms"),
-            _age(s, now),
+            *(
+                Text(printable(row[1].engine, engine_chars))
+                if c.header == "engine"
+                else _text(c.cell(row))
+                for c in columns
+            )
         )
-    return table
+    return table, dropped
 
 
-def _view(snapshot: Snapshot, directory: Path, now: float) -> RenderableType:
-    stats, diags = _split(snapshot)
-    parts: list[RenderableType] = [_table(stats, directory, now)]
-    if not stats:
+MAX_NOTES = 8
+
+
+def _notes(rows: list[Row], dropped: list[Column]) -> list[Text]:
+    """Lines under the table: limits raised to a floor, dead or stale engines, hidden columns."""
+    out: list[str] = []
+    for _, s, status in rows:
+        who = f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}"
+        if raised(s):
+            floor = s.floor_bytes if s.floor_bytes is not None else s.limit_bytes
+            out.append(
+                f"{who}: asked {short_bytes(s.asked_limit_bytes)}, below its floor "
+                f"{short_bytes(floor)}; in force: {short_bytes(s.limit_bytes)}"
+            )
+        if status.status in ("dead", "stale"):
+            out.append(f"{who}: {status.status}: {status.reason}")
+    if len(out) > MAX_NOTES:
+        out = [*out[: MAX_NOTES - 1], f"... and {len(out) - MAX_NOTES + 1} more (see --json)"]
+    notes = [Text(line, style="yellow") for line in out]
+    if dropped:
+        notes.append(
+            Text(
+                "not shown at this width: "
+                + ", ".join(c.header for c in dropped)
+                + " (--json has every field)"
+            )
+        )
+    return notes
+
+
+def _view(snapshot: Snapshot, directory: Path, now: float, width: int) -> RenderableType:
+    rows, diags = _split(snapshot, now)
+    table, dropped = _table(rows, directory, width)
+    parts: list[RenderableType] = [table]
+    if not rows:
         parts.append(Text("no readable stats files (yet)"))
+    parts.extend(_notes(rows, dropped))
     parts.extend(Text(d.render(), style="yellow") for d in diags)
     return Group(*parts)
 
 
-def _json(stats: list[tuple[Path, ElasticStats]], now: float) -> list[dict[str, Any]]:
+def _json(rows: list[Row]) -> list[dict[str, Any]]:
     out = []
-    for path, s in stats:
+    for path, s, status in rows:
         row: dict[str, Any] = {"path": str(path), **s.model_dump(mode="json")}
-        row["age_seconds"] = round(max(0.0, now - s.time), 3)
-        row["stale"] = s.state != "closed" and now - s.time > STALE_SECONDS
+        row["age_seconds"] = round(status.age_seconds, 3)
+        row["status"] = status.status
+        row["alive"] = status.alive
+        row["stale"] = status.status == "stale"
+        row["limit_raised_to_floor"] = raised(s)
         out.append(row)
     return out
 
 
-def _live(directory: Path, interval: float) -> None:
+def _wait_for_stats(directory: Path, interval: float) -> Snapshot:
+    """Live mode before the first stats file: say so and poll (Ctrl-C ends, exit 1)."""
+    stderr_console().print(
+        Text(
+            printable(
+                f"waiting for rank<N>.stats.json files under {directory} "
+                f"(set KVPLAN_DUMP_DIR there for the engines; Ctrl-C ends)"
+            )
+        )
+    )
+    try:
+        while True:
+            time.sleep(interval)
+            snapshot = read_stats_tree(directory)
+            if snapshot:
+                return snapshot
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_DIFFERENT) from None
+
+
+def _live(directory: Path, interval: float, snapshot: Snapshot) -> None:
     from rich.live import Live
 
     console = stdout_console()
     with Live(
-        _view(read_stats_tree(directory), directory, time.time()),
+        _view(snapshot, directory, time.time(), console.width),
         console=console,
         auto_refresh=False,
         transient=False,
     ) as live:
         while True:
             time.sleep(interval)
-            live.update(_view(read_stats_tree(directory), directory, time.time()), refresh=True)
+            frame = _view(read_stats_tree(directory), directory, time.time(), console.width)
+            live.update(frame, refresh=True)
+
+
+def _write_page(out: Path, directory: Path, rows: list[Row], now: float) -> list[Diagnostic]:
+    """``top --html OUT``: the engines' mapped pages drawn on their plans; the problems."""
+    from kvplan.render import EngineView, elastic_page
+    from kvplan.render.elastic import plan_mismatch
+
+    views: list[EngineView] = []
+    problems: list[Diagnostic] = []
+    plans: dict[Path, BindingPlan | Diagnostic] = {}
+    for index, (path, stats, status) in enumerate(rows):
+        plan_file = path.parent / f"rank{stats.rank}.plan.json"
+        plan: BindingPlan | None = None
+        problem: Diagnostic | None = None
+        if index < MAX_ENGINES_DRAWN:
+            if plan_file not in plans:
+                plans[plan_file] = _load_plan(plan_file, stats)
+            found = plans[plan_file]
+            if isinstance(found, Diagnostic):
+                problem = found
+            else:
+                mismatch = plan_mismatch(stats, found)
+                if mismatch is None:
+                    plan = found
+                else:
+                    problem = warning(
+                        Code.STATS_PLAN_MISMATCH,
+                        printable(str(plan_file)),
+                        f"this plan is not the one rank {stats.rank} of "
+                        f"{printable(stats.engine, MAX_ENGINE_CHARS)} bound: {mismatch}.",
+                        "point kvplan top at the engine's own KVPLAN_DUMP_DIR",
+                    )
+            if problem is not None:
+                problems.append(problem)
+        views.append(EngineView(path, stats, status.status, status.age_seconds, plan, problem))
+    page = elastic_page(views, title=str(directory), now=now, drawn=MAX_ENGINES_DRAWN)
+    read = [path for path, _, _ in rows] + [p for p in plans if os.path.lexists(p)]
+    write_text_atomic(out, page, inputs=read)
+    stderr_console().print(cell(f"wrote {out}"))
+    return problems
+
+
+def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
+    from kvplan.schemas.loading import load_plan
+
+    where = printable(str(path))
+    if not os.path.lexists(path):  # a dangling link is there: refused by the read
+        return warning(
+            Code.STATS_PLAN_MISMATCH,
+            where,
+            f"no plan next to the stats of rank {stats.rank}: the page shows its figures but not "
+            "which pages are mapped.",
+            "the engine writes rank<N>.plan.json into KVPLAN_DUMP_DIR when it binds",
+        )
+    try:
+        return load_plan(path, within=path.parent)  # regular files only, never through a link
+    except KVPlanError as exc:
+        first = exc.diagnostics[0]
+        return warning(
+            Code.STATS_PLAN_MISMATCH,
+            where,
+            f"the plan of rank {stats.rank} cannot be used: {first.code.value} "
+            f"{first.message.rstrip('.')}.",
+            first.hint or "let the engine rewrite it",
+        )
+
+
+MAX_ENGINES_DRAWN = 16
+"""Ranks whose pools ``top --html`` draws; every rank is listed in its table."""
 
 
 def top_command(
@@ -222,6 +500,15 @@ def top_command(
     json_out: Annotated[
         bool, typer.Option("--json", help="print one snapshot as JSON and exit")
     ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="OUT",
+            help="draw which pages of which pools are mapped (stats + the engines' plans), "
+            "print the table once and exit",
+        ),
+    ] = None,
 ) -> None:
     """Show the elastic memory of every engine and rank dumping under DIR, live (Ctrl-C quits)."""
     interval = units.parse_number(interval_text, "--interval")
@@ -237,28 +524,39 @@ def top_command(
         )
     _directory(directory)
     snapshot = read_stats_tree(directory)
+    live = not (json_out or once or html is not None)
     if not snapshot:
-        stderr_console().print(
-            Text(printable(f"no rank<N>.stats.json files under {directory}")),
-        )
-        raise typer.Exit(EXIT_DIFFERENT)
-    now = time.time()
-    stats, diags = _split(snapshot)
-    # a diagnostic about DIR itself: the tree was cut at its bounds (or DIR cannot be listed)
+        if live:
+            snapshot = _wait_for_stats(directory, interval)
+        else:
+            stderr_console().print(
+                Text(printable(f"no rank<N>.stats.json files under {directory}")),
+            )
+            raise typer.Exit(EXIT_DIFFERENT)
+    # a diagnostic about DIR itself: the listing was cut at its bounds (or DIR cannot be
+    # listed): a refusal in every mode, live included (exit 2 after what was read)
     refused = any(isinstance(s, Diagnostic) and path == directory for path, s in snapshot)
-    if json_out or once or refused:
-        if json_out:
-            print_json(_json(stats, now))
-        elif once:
-            stdout_console().print(_table(stats, directory, now))
-        report(diags)
-        if not stats or refused:
-            raise typer.Exit(EXIT_ERROR)
+    if live and not refused:
+        try:
+            _live(directory, interval, snapshot)
+        except KeyboardInterrupt:
+            return
         return
-    try:
-        _live(directory, interval)
-    except KeyboardInterrupt:
-        return
+    now = time.time()
+    rows, diags = _split(snapshot, now)
+    if html is not None and rows:
+        diags = [*diags, *_write_page(html, directory, rows, now)]
+    if json_out:
+        print_json(_json(rows))
+    else:
+        console = stdout_console()
+        table, dropped = _table(rows, directory, console.width)
+        console.print(table)
+        for line in _notes(rows, dropped):
+            console.print(line, soft_wrap=False)
+    report(diags)
+    if not rows or refused:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
 from kvplan.schemas.loading import (
@@ -38,13 +39,27 @@ LIMIT_FILE = "limit.json"
 STATS_SUFFIX = ".stats.json"
 
 MAX_FILE_BYTES = 64 << 10
-"""Largest stats or limit file read (64 KiB; a real one is under 1 KiB)."""
+"""Largest stats or limit file read (64 KiB; a real one is under 1 KiB plus ~50 B per mapped
+run; the largest valid snapshot, every bound reached, stays under it)."""
 MAX_STATS_FILES = 1024
 """Most stats files :func:`read_stats_tree` reads (the rest are reported in one diagnostic)."""
 MAX_TREE_ENTRIES = 100_000
 """Most directory entries :func:`read_stats_tree` looks at, all directories together."""
 MAX_TREE_DEPTH = 2
 """Subdirectory levels below the given directory that :func:`read_stats_tree` searches."""
+
+HEARTBEAT_SECONDS: Final = 2.0
+"""The longest a running engine's stats reporter goes without rewriting its snapshot."""
+STALE_HEARTBEATS: Final = 3
+"""Heartbeats missed before ``kvplan top`` calls a snapshot stale (its writer stopped)."""
+MAX_MAPPED_RUNS: Final = 512
+"""Most ``[first_chunk, count]`` runs in one snapshot's ``mapped_runs``, all pools together;
+past it the writer coarsens the runs (:func:`mapped_runs`)."""
+MAX_MAPPED_POOLS: Final = 64
+"""Most pools named in ``mapped_runs`` (vLLM 0.32-0.33 bind one pool)."""
+MAX_POOL_NAME_CHARS: Final = 256
+MAX_CHUNK_INDEX: Final = 1 << 50
+"""Chunk numbers and counts in ``mapped_runs`` stay below this (1 PiB of 1-byte chunks)."""
 
 _STATS_NAME = re.compile(r"rank([0-9]{1,9})\.stats\.json")
 
@@ -81,7 +96,61 @@ class ElasticStats(_Document):
     map_seconds: float = Field(ge=0)
     unmap_seconds: float = Field(ge=0)
     failed_maps: int = Field(ge=0)
+    rollbacks: int = Field(
+        default=0, ge=0, description="chunks a failed map mapped and unmapped again (not unmaps)"
+    )
     steps: int = Field(ge=0)
+    # optional: absent in files of older writers (None / the default then)
+    host: str | None = Field(
+        default=None,
+        max_length=255,
+        description="the writer's host name (socket.gethostname()); kvplan top checks the pid "
+        "of engines on its own host only",
+    )
+    pid_namespace: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the writer's pid namespace (readlink /proc/self/ns/pid); with host, says "
+        "whether pid names the same process for kvplan top",
+    )
+    floor_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="the smallest limit the engine accepts: the null block plus one request of "
+        "max_model_len tokens in every KV cache group; a lower limit is raised to it",
+    )
+    asked_limit_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="the limit asked (KVPLAN_MEMORY_LIMIT or limit.json); None: the default "
+        "(the reservation). limit_bytes is the limit in force",
+    )
+    plan_fingerprint: str | None = Field(
+        default=None, max_length=128, description="fingerprint of the plan the worker bound"
+    )
+    mapped_runs: dict[str, list[tuple[int, int]]] | None = Field(
+        default=None,
+        description="per pool, the mapped chunks as sorted, disjoint [first_chunk, count] runs "
+        "(chunk i = bytes [i*chunk_bytes, (i+1)*chunk_bytes) of the pool), in units of "
+        "mapped_runs_unit chunks",
+    )
+    mapped_runs_unit: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_CHUNK_INDEX,
+        description="chunks per unit of mapped_runs: 1 exact; N > 1 a unit is listed when any "
+        "of its N chunks is mapped (the writer coarsens past MAX_MAPPED_RUNS runs)",
+    )
+
+    @field_validator("mapped_runs")
+    @classmethod
+    def _check_runs(
+        cls, value: dict[str, list[tuple[int, int]]] | None
+    ) -> dict[str, list[tuple[int, int]]] | None:
+        if value is None:
+            return None
+        check_mapped_runs(value)
+        return value
 
 
 class LimitRequest(_Document):
@@ -92,6 +161,89 @@ class LimitRequest(_Document):
     limit_bytes: int = Field(ge=0)
     cache_limit_bytes: int | None = Field(default=None, ge=0)
     written_at: float = Field(description="unix seconds when the request was written")
+
+
+# -- pure helpers ---------------------------------------------------------------------------
+
+
+def check_mapped_runs(runs: Mapping[str, list[tuple[int, int]]]) -> None:
+    """Raise ``ValueError`` unless ``runs`` is bounded, sorted and disjoint (see the field)."""
+    if len(runs) > MAX_MAPPED_POOLS:
+        raise ValueError(f"more than {MAX_MAPPED_POOLS} pools")
+    total = 0
+    for pool, items in runs.items():
+        if not 0 < len(pool) <= MAX_POOL_NAME_CHARS:
+            raise ValueError(f"a pool name must have 1 to {MAX_POOL_NAME_CHARS} characters")
+        total += len(items)
+        if total > MAX_MAPPED_RUNS:
+            raise ValueError(f"more than {MAX_MAPPED_RUNS} runs")
+        end = -1
+        for first, count in items:
+            if first < 0 or count < 1 or first + count > MAX_CHUNK_INDEX:
+                raise ValueError(
+                    f"run [{first}, {count}] of pool {pool[:80]!r} is not a first chunk >= 0 "
+                    f"and a count >= 1 below 2**50"
+                )
+            if first <= end:
+                raise ValueError(f"the runs of pool {pool[:80]!r} are not sorted and disjoint")
+            end = first + count - 1
+
+
+def run_lengths(chunks: Iterable[int]) -> list[tuple[int, int]]:
+    """Chunk numbers (any order, repeats allowed) as sorted ``(first, count)`` runs."""
+    out: list[tuple[int, int]] = []
+    for chunk in sorted(set(chunks)):
+        if out and out[-1][0] + out[-1][1] == chunk:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((chunk, 1))
+    return out
+
+
+def mapped_runs(
+    chunks_by_pool: Mapping[str, Iterable[int]], max_runs: int = MAX_MAPPED_RUNS
+) -> tuple[dict[str, list[tuple[int, int]]] | None, int]:
+    """``(mapped_runs, mapped_runs_unit)`` for a snapshot, from the mapped chunk numbers per
+    pool (as the worker's bound cache keeps them).
+
+    Exact (unit 1) when the runs fit in ``max_runs``; else in the smallest power-of-two unit of
+    chunks that fits, a unit listed when any of its chunks is mapped. Pools without a mapped
+    chunk are left out. ``(None, 1)`` when the runs cannot be recorded (more mapped pools than
+    ``max_runs`` or :data:`MAX_MAPPED_POOLS`, a pool name longer than
+    :data:`MAX_POOL_NAME_CHARS`): the snapshot then has no runs.
+    """
+    exact = {pool: run_lengths(ids) for pool, ids in chunks_by_pool.items()}
+    exact = {pool: runs for pool, runs in exact.items() if runs}
+    limit = min(max_runs, MAX_MAPPED_RUNS)
+    if len(exact) > min(limit, MAX_MAPPED_POOLS) or any(
+        not 0 < len(pool) <= MAX_POOL_NAME_CHARS for pool in exact
+    ):
+        return None, 1
+    unit = 1
+    runs = exact
+    while sum(len(r) for r in runs.values()) > limit:
+        unit *= 2
+        runs = {pool: _coarsen(r, unit) for pool, r in exact.items()}
+    return runs, unit
+
+
+def _coarsen(runs: list[tuple[int, int]], unit: int) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for first, count in runs:
+        lo, hi = first // unit, (first + count - 1) // unit + 1
+        if out and out[-1][0] + out[-1][1] >= lo:
+            start = out[-1][0]
+            out[-1] = (start, max(out[-1][0] + out[-1][1], hi) - start)
+        else:
+            out.append((lo, hi - lo))
+    return out
+
+
+def is_stale(stats: ElasticStats, now: float) -> bool:
+    """Whether the writer of ``stats`` stopped: not ``closed`` and more than
+    :data:`STALE_HEARTBEATS` heartbeats old (a running engine rewrites its snapshot at least
+    every :data:`HEARTBEAT_SECONDS`, idle or not)."""
+    return stats.state != "closed" and now - stats.time > STALE_HEARTBEATS * HEARTBEAT_SECONDS
 
 
 def _to_text(model: BaseModel) -> str:

@@ -51,6 +51,9 @@ class BoundKVCache:
         self._memory = memory
         self._owns_backend = owns_backend
         self._blocks: set[int] = set()
+        self.rolled_back_chunks = 0
+        """Chunks a failed :meth:`ensure_mapped` mapped and its rollback unmapped again (not
+        counted as unmaps: no resident block ever used them)."""
         self._index: PageIndex | None = None
         self.closed = False
         self._closing = False
@@ -73,6 +76,11 @@ class BoundKVCache:
     def mapped_chunks(self) -> dict[str, int]:
         """Mapped chunk count per pool."""
         return {name: len(m.mapped) for name, m in self._memory.items()}
+
+    def mapped_chunk_ids(self) -> dict[str, tuple[int, ...]]:
+        """The mapped chunk numbers per pool (each pool's set copied at once: safe to call
+        from another thread, e.g. a stats reporter, while the owner maps)."""
+        return {name: tuple(m.mapped) for name, m in self._memory.items()}
 
     @property
     def mapped_blocks(self) -> frozenset[int]:
@@ -154,7 +162,9 @@ class BoundKVCache:
                 txn.at("synchronize", "", 0, 0)
                 self.backend.synchronize()
         except BaseException as exc:
-            err = failure(txn, exc, self.backend, f"ensure_mapped({len(new)} blocks)")
+            action = f"ensure_mapped({len(new)} blocks: {block_ranges(new)})"
+            err = failure(txn, exc, self.backend, action)
+            self.rolled_back_chunks += txn.undone.get("unmap", 0)
             if err is exc:
                 raise
             raise err from exc
@@ -315,6 +325,19 @@ class BoundKVCache:
             f"<BoundKVCache {self.backend.name} {self.mode} {len(self.tensors)} tensors, "
             f"{human_bytes(self.reserved_bytes)} reserved, {state}>"
         )
+
+
+def block_ranges(ids: Iterable[int], most: int = 4) -> str:
+    """``3–7, 12, 40–41``: sorted block ids as ranges, the first ``most`` of them named."""
+    runs: list[list[int]] = []
+    for b in sorted(set(ids)):
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    named = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:most]]
+    more = f" (+{len(runs) - most} more ranges)" if len(runs) > most else ""
+    return ", ".join(named) + more
 
 
 def _short(exc: BaseException) -> str:

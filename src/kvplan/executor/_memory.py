@@ -193,6 +193,8 @@ class Transaction:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._undo: list[_Undo | None] = []
+        self.undone: dict[str, int] = {}
+        """After :meth:`rollback`: how many steps of each kind it undid (``unmap``: chunks)."""
         self.where: tuple[str, str, int, int] = ("", "", 0, 0)
 
     def at(self, op: str, pool: str, offset: int, length: int) -> None:
@@ -219,6 +221,7 @@ class Transaction:
         pending = [u for u in self._undo if u is not None]
         self._undo.clear()
         counts: dict[str, int] = {}
+        self.undone = counts
         errors: list[str] = []
         if any(kind == "unmap" for kind, _ in pending):
             try:

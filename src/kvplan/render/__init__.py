@@ -11,23 +11,31 @@ import json
 from typing import Any
 
 from kvplan.planner.diff import Change, diff_plans
-from kvplan.render._geometry import extent, memory, short_kind
+from kvplan.render._geometry import (
+    block_tokens,
+    dense_page_bytes,
+    extent,
+    is_logical,
+    memory,
+    short_kind,
+)
+from kvplan.render._palette import palette, style_name
 from kvplan.render._svg import (
     LEFT,
     MARK_TEXT,
+    Look,
     Marks,
     defs,
     esc,
     exact,
-    fill,
     pool_band,
     pool_zoom,
-    style_name,
 )
+from kvplan.render.elastic import EngineView, elastic_page
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
 
-__all__ = ["diff_page", "drift_page", "plan_page"]
+__all__ = ["EngineView", "diff_page", "drift_page", "elastic_page", "plan_page"]
 
 MAX_POOLS_DRAWN = 8
 """Pools drawn as bands; every pool is listed in the pools table."""
@@ -65,27 +73,45 @@ details{margin:6px 0}summary{cursor:pointer;font-weight:600}
 """
 
 
-def _swatch(group: int) -> str:
+def _swatch(look: Look, group: int) -> str:
     """A legend swatch: the group's colour and hatching as a tiny SVG."""
     return (
         f'<svg class="sw" width="26" height="12" aria-hidden="true"><rect width="26" height="12" '
-        f'fill="{fill(group)}"/></svg>'
+        f'fill="{look.fill(group)}"/></svg>'
     )
 
 
-def _legend(plan: BindingPlan, marks: bool) -> str:
+MAX_LEGEND_GROUPS = 24
+
+
+def _legend(plan: BindingPlan, look: Look, marks: bool, other: Look | None = None) -> str:
+    """The legend of ``plan``'s groups; with ``other`` (a diff's A side) the A group drawn in
+    the same style is named beside each group."""
     groups: dict[int, list[str]] = {}
+    tokens: dict[int, set[int]] = {}
+    logical = is_logical(plan)
     for view in plan.views:
         groups.setdefault(view.group, []).append(view.kind)
+        n = block_tokens(view) if logical else None
+        if n is not None:
+            tokens.setdefault(view.group, set()).add(n)
+    same = {}
+    if other is not None:
+        same = {k: g for g, k in other.styles.items()}
     rows = []
-    for gid in sorted(groups)[:24]:
+    for gid in sorted(groups)[:MAX_LEGEND_GROUPS]:
         kinds = sorted(set(groups[gid]))
+        per = tokens.get(gid)
+        block = f" · {'/'.join(str(t) for t in sorted(per))} tokens per block" if per else ""
+        was = same.get(look.style(gid))
+        twin = f" (A: g{was})" if other is not None and was is not None and was != gid else ""
         rows.append(
-            f"<li>{_swatch(gid)}<b>g{gid}</b> {esc(', '.join(short_kind(x) for x in kinds))} · "
-            f"{len(groups[gid])} view(s) · {style_name(gid)}</li>"
+            f"<li>{_swatch(look, gid)}<b>g{gid}</b>{twin} "
+            f"{esc(', '.join(short_kind(x) for x in kinds))} · "
+            f"{len(groups[gid])} view(s){block} · {style_name(look.style(gid))}</li>"
         )
-    if len(groups) > 24:
-        rows.append(f"<li>… {len(groups) - 24} more groups</li>")
+    if len(groups) > MAX_LEGEND_GROUPS:
+        rows.append(f"<li>… {len(groups) - MAX_LEGEND_GROUPS} more groups</li>")
     rows.append(
         '<li><svg class="sw" width="26" height="12" aria-hidden="true"><rect width="26" '
         'height="12" fill="url(#pad)"/></svg>padding / unused by that group</li>'
@@ -93,17 +119,24 @@ def _legend(plan: BindingPlan, marks: bool) -> str:
     rows.append(
         '<li><svg class="sw" width="26" height="12" aria-hidden="true"><rect width="26" '
         'height="12" fill="#fff" class="chip"/></svg>sharer (KV sharing alias): owns 0 bytes; '
-        "the arrow points at the layer whose tensor it is bound to</li>"
+        "the arrow ends inside the stripe of the layer whose tensor it is bound to</li>"
     )
     if marks:
         rows.append(
             "<li><span class='mark'>Δ</span> changed, <span class='mark'>+</span> added, "
             "<span class='mark'>−</span> removed (thick outline)</li>"
         )
+    colours = (
+        "Colours follow the layers: a group of B takes the style of the group of A it shares "
+        "the most layers with. "
+        if other is not None
+        else ""
+    )
     return (
         "<h3>legend</h3><ul style='list-style:none;padding:0;margin:0'>" + "".join(rows) + "</ul>"
         "<p class='meta'>Groups overlay the same bytes from offset 0, as vLLM overlays them: "
-        "a block id belongs to one group at a time. Hover any shape for exact figures.</p>"
+        f"a block id belongs to one group at a time. {colours}Hover any shape for exact "
+        "figures.</p>"
     )
 
 
@@ -118,6 +151,7 @@ def _summary(plan: BindingPlan) -> str:
         ("tensor-backed layers", str(m.backed)),
         ("aliased layers (sharers)", f"{m.aliased} · own 0 B"),
         ("bytes per block", exact(m.per_block)),
+        ("block size", _block_size(plan)),
     ]
     if m.per_token is None:
         rows.append(("KV bytes per token", "not derivable from this plan's backend shapes"))
@@ -139,24 +173,69 @@ def _summary(plan: BindingPlan) -> str:
         rows.append(("KV sharing saves", f"{exact(m.saved_bytes)} at {src.num_blocks:,} blocks"))
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     return (
-        f"<h3>memory</h3><table>{body}</table><p class='meta'>Per token: each attention view's "
-        "page ÷ its states per block (Mamba state excluded); a sharer would need its target's.</p>"
+        f"<h3>memory</h3><table>{body}</table>{_saving_reason(plan)}<p class='meta'>Per token: "
+        "each attention view's page ÷ its states per block (Mamba state excluded); a sharer "
+        "would need its target's.</p>"
     )
 
 
-def _figures(plan: BindingPlan, width: int, marks: Marks) -> str:
+def _block_size(plan: BindingPlan) -> str:
+    """Tokens per block, per group (the N axis of the ``[B, H, N, C]`` attention views)."""
+    per: dict[int, set[int]] = {}
+    for view in plan.views if is_logical(plan) else ():
+        n = block_tokens(view)
+        if n is not None:
+            per.setdefault(n, set()).add(view.group)
+    if not per:
+        return "not derivable from this plan's views (no [B, H, N, C] attention view)"
+    if len(per) == 1:
+        return f"{next(iter(per)):,} tokens per block"
+    return (
+        "; ".join(f"{n:,} tokens ({_group_list(sorted(gs))})" for n, gs in sorted(per.items()))
+        + " per block"
+    )
+
+
+def _group_list(groups: list[int]) -> str:
+    shown = ", ".join(f"g{g}" for g in groups[:6])
+    return shown + (f" +{len(groups) - 6}" if len(groups) > 6 else "")
+
+
+def _saving_reason(plan: BindingPlan) -> str:
+    """Why "KV sharing saves" can exceed the pool, in one line (only when it does)."""
+    m = memory(plan)
+    if not m.aliased or m.saved_bytes <= m.pool_bytes:
+        return ""
+    blocks = plan.source.num_blocks
+    views = plan.view_by_layer
+    pages = [dense_page_bytes(views[a.target]) for a in plan.aliases if a.target in views]
+    if len(set(pages)) == 1 and pages[0] * len(pages) * blocks == m.saved_bytes:
+        what = f"{len(pages)} sharers × a {human_bytes(pages[0])} page × {blocks:,} blocks"
+    else:
+        per = human_bytes(m.saved_bytes // max(blocks, 1))
+        what = f"{m.aliased} sharers' pages ({per} per block) × {blocks:,} blocks"
+    groups = len({v.group for v in plan.views})
+    line = (
+        f"Why KV sharing saves more than the pool holds: {what} is what the sharers would "
+        f"need on their own, while vLLM overlays the {groups} groups on the same "
+        f"{human_bytes(m.pool_bytes)} (a block id belongs to one group at a time)."
+    )
+    return f"<p class='meta'>{esc(line)}</p>"
+
+
+def _figures(plan: BindingPlan, width: int, look: Look) -> str:
     largest = max((p.size_bytes for p in plan.pools), default=1) or 1
     scale = (width - LEFT - 8) / largest
     parts = []
     for pool in plan.pools[:MAX_POOLS_DRAWN]:
-        parts.append(pool_band(plan, pool, width, scale, marks))
+        parts.append(pool_band(plan, pool, width, scale, look))
     if len(plan.pools) > MAX_POOLS_DRAWN:
         parts.append(
             f"<p class='meta'>{len(plan.pools) - MAX_POOLS_DRAWN} more pools are not drawn; "
             "the pools table lists every pool.</p>"
         )
     for pool in plan.pools[:MAX_POOLS_ZOOMED]:
-        parts.append(pool_zoom(plan, pool, width, marks))
+        parts.append(pool_zoom(plan, pool, width, look))
     if len(plan.pools) > MAX_POOLS_ZOOMED:
         parts.append(
             f"<p class='meta'>The first blocks of the first {MAX_POOLS_ZOOMED} pools are "
@@ -208,12 +287,12 @@ def _tables(plan: BindingPlan, marks: Marks | None = None, open_: bool = False) 
     )
 
 
-def _page(title: str, body: str, *plans: BindingPlan) -> str:
-    groups = {view.group for plan in plans for view in plan.views}
+def _page(title: str, body: str, *looks: Look) -> str:
+    styles = {k for look in looks for k in look.styles.values()}
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{defs(groups)}{body}"
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{defs(styles)}{body}"
         "<p class='meta'>Drawn by kvplan from the plan alone; self-contained (no script, no "
         "fetched resources).</p></body></html>\n"
     )
@@ -232,13 +311,15 @@ def _meta(plan: BindingPlan) -> str:
 def plan_page(plan: BindingPlan, title: str | None = None, width: int = 900) -> str:
     """One self-contained HTML page drawing ``plan``."""
     name = title or f"plan {plan.fingerprint[:19]}"
+    (styles,) = palette(plan)
+    look = Look(Marks(), styles)
     body = (
         f"<h1>KV binding · {esc(name)}</h1>{_meta(plan)}"
-        f"<main class='layout'><section class='fig'>{_figures(plan, width, Marks())}</section>"
-        f"<aside>{_summary(plan)}{_legend(plan, marks=False)}</aside></main>"
+        f"<main class='layout'><section class='fig'>{_figures(plan, width, look)}</section>"
+        f"<aside>{_summary(plan)}{_legend(plan, look, marks=False)}</aside></main>"
         f"{_tables(plan)}"
     )
-    return _page(f"kvplan · {name}", body, plan)
+    return _page(f"kvplan · {name}", body, look)
 
 
 def _marks(changes: list[Change]) -> tuple[Marks, Marks]:
@@ -292,6 +373,8 @@ def diff_page(
     """Both plans side by side, changed pools/views/aliases marked, the field-level changes."""
     diff = diff_plans(a, b)
     ma, mb = _marks(diff.changes)
+    styles_a, styles_b = palette(a, b)
+    look_a, look_b = Look(ma, styles_a), Look(mb, styles_b)
     name = title or f"{labels[0]} vs {labels[1]}"
     counts = {k: sum(1 for c in diff.changes if c.change == k) for k in MARK_TEXT}
     verdict = (
@@ -301,10 +384,10 @@ def diff_page(
         f"{counts['added']} added, {counts['removed']} removed"
     )
     columns, summaries = [], []
-    for label, plan, marks in ((labels[0], a, ma), (labels[1], b, mb)):
+    for label, plan, look in ((labels[0], a, look_a), (labels[1], b, look_b)):
         columns.append(
             f"<section class='fig'><h2>{esc(label)}</h2>{_meta(plan)}"
-            f"{_figures(plan, width, marks)}</section>"
+            f"{_figures(plan, width, look)}</section>"
         )
         summaries.append(f"<section><h2>{esc(label)}</h2>{_summary(plan)}</section>")
     body = (
@@ -314,11 +397,11 @@ def diff_page(
         + f"<div class='side'>{''.join(columns)}</div>"
         f"<h2>field-level changes (A → B)</h2>{_changes_table(diff.changes)}"
         f"<div class='side'>{''.join(summaries)}</div>"
-        f"<aside style='max-width:none'>{_legend(b, marks=True)}</aside>"
+        f"<aside style='max-width:none'>{_legend(b, look_b, marks=True, other=look_a)}</aside>"
         f"<h2>A: {esc(labels[0])}</h2>{_tables(a, ma)}<h2>B: {esc(labels[1])}</h2>"
         f"{_tables(b, mb)}"
     )
-    return _page(f"kvplan diff · {name}", body, a, b)
+    return _page(f"kvplan diff · {name}", body, look_a, look_b)
 
 
 def drift_page(

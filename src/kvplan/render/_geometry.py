@@ -5,11 +5,14 @@ Pure integer arithmetic on :class:`~kvplan.schemas.plan.BindingPlan`; no drawing
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise
+from typing import Any
 
 from kvplan.schemas.layout import KVCacheLayout
 from kvplan.schemas.plan import BindingPlan, View
@@ -23,7 +26,7 @@ def extent(view: View) -> tuple[int, int]:
     return _extent(view.offset_bytes, tuple(view.shape), tuple(view.stride), view.itemsize)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=1 << 17)
 def _extent(
     offset: int, shape: tuple[int, ...], stride: tuple[int, ...], isz: int
 ) -> tuple[int, int]:
@@ -99,6 +102,15 @@ def _is_layer_outermost(view: View) -> bool:
     return len(view.stride) >= 2 and all(view.stride[0] >= s for s in view.stride[1:])
 
 
+def block_tokens(view: View) -> int | None:
+    """Tokens one block of a ``[B, H, N, C]`` attention view holds (``N``); ``None`` for Mamba
+    state, other shapes, and plans whose views are not vLLM 0.33's logical shape."""
+    kind = view.spec_kind
+    if len(view.shape) != 4 or (kind is not None and kind.is_mamba) or view.shape[2] <= 0:
+        return None
+    return view.shape[2]
+
+
 def bytes_per_token(view: View) -> float | None:
     """Page bytes ÷ states per block for a ``[B, H, N, C]`` attention view; ``None`` otherwise."""
     kind = view.spec_kind
@@ -136,68 +148,84 @@ class Zoom:
     hidden_chunks: int
 
 
-def _chunks(view: View, blocks: int) -> tuple[list[Chunk], list[int]]:
-    """Chunks of blocks ``0..blocks-1`` and the start of block ``blocks`` (a fence)."""
-    runs = block_runs(view)
-    if runs is None:
-        lo, hi = extent(view)
-        return [Chunk(view, 0, lo, hi, whole=True)], []
-    bsz = block_stride_bytes(view)
-    n = min(blocks, view.shape[0])
-    chunks = [
-        Chunk(view, b, view.offset_bytes + b * bsz + s, view.offset_bytes + b * bsz + e)
-        for b in range(n)
-        for s, e in runs
-    ]
-    fences = [view.offset_bytes + n * bsz + runs[0][0]] if n < view.shape[0] else []
-    return chunks, fences
+_Row = tuple[int, int, int, int, int, bool]  # start, group, end, block, view index, whole
+
+
+def _rows(views: list[View], blocks: int) -> tuple[list[_Row], list[tuple[int, int, int, int]]]:
+    """Every chunk of blocks ``0..blocks-1`` as a sortable tuple (sorted), and per view with a
+    block axis ``(offset, block stride, first run's start, blocks)`` for the fences."""
+    rows: list[_Row] = []
+    axes: list[tuple[int, int, int, int]] = []
+    for vi, view in enumerate(views):
+        runs = block_runs(view)
+        if runs is None:
+            lo, hi = extent(view)
+            rows.append((lo, view.group, hi, 0, vi, True))
+            continue
+        bsz = block_stride_bytes(view)
+        off = view.offset_bytes
+        for b in range(min(blocks, view.shape[0])):
+            base = off + b * bsz
+            rows.extend((base + s, view.group, base + e, b, vi, False) for s, e in runs)
+        axes.append((off, bsz, runs[0][0], view.shape[0]))
+    rows.sort()
+    return rows, axes
+
+
+def zooms(
+    views: list[View], counts: Iterable[int], max_segments: int = 6, max_chunks: int = 160
+) -> dict[int, Zoom]:
+    """:func:`zoom` for each block count in ``counts``, sharing one sort of the chunks.
+
+    Linear in the chunks after that sort; only the chunks drawn become :class:`Chunk` objects.
+    """
+    counts = sorted(set(counts))
+    rows, axes = _rows(views, counts[-1])
+    reach_of = [max(block_stride_bytes(v), 1) for v in views]
+    out: dict[int, Zoom] = {}
+    for blocks in counts:
+        chosen = rows if blocks == counts[-1] else [r for r in rows if r[3] < blocks]
+        fences = sorted(o + blocks * b + r0 for o, b, r0, n in axes if blocks < n)
+        segments: list[list[Any]] = []  # [start, end, reach, rows]
+        for row in chosen:
+            seg = segments[-1] if segments else None
+            if seg is not None and row[0] - seg[1] < seg[2]:
+                seg[1] = max(seg[1], row[2])
+                seg[3].append(row)
+                seg[2] = max(seg[2], reach_of[row[4]])
+            else:
+                segments.append([row[0], row[2], reach_of[row[4]], [row]])
+        for seg in segments:  # trailing padding of the last block up to the next block's start
+            at = bisect.bisect_left(fences, seg[1])
+            if at < len(fences) and 0 < fences[at] - seg[1] < seg[2]:
+                seg[1] = fences[at]
+        hidden_chunks = sum(len(s[3]) for s in segments[max_segments:])
+        kept: list[Segment] = []
+        budget = max_chunks
+        for start, end, reach, members in segments[:max_segments]:
+            if budget <= 0:
+                hidden_chunks += len(members)
+                continue
+            if len(members) > budget:
+                cut = members[budget][0]  # cut at an address, not inside an overlay
+                keep = [r for r in members[:budget] if r[0] < cut] or members[:budget]
+                hidden_chunks += len(members) - len(keep)
+                members, end = keep, max(r[2] for r in keep)
+            budget -= len(members)
+            chunks = [Chunk(views[r[4]], r[3], r[0], r[2], r[5]) for r in members]
+            kept.append(Segment(start, end, chunks, reach))
+        out[blocks] = Zoom(blocks, kept, len(segments) - len(kept), hidden_chunks)
+    return out
 
 
 def zoom(views: list[View], blocks: int = 4, max_segments: int = 6, max_chunks: int = 160) -> Zoom:
     """Where blocks ``0..blocks-1`` of each view live, as address segments.
 
     A gap between two chunks shorter than the earlier chunk's block stride is padding (kept
-    inside the segment); a longer gap breaks the axis.
+    inside the segment); a longer gap breaks the axis. At most ``max_segments`` segments and
+    ``max_chunks`` chunks are kept; the rest are counted.
     """
-    chunks: list[Chunk] = []
-    fences: list[int] = []
-    for view in views:
-        c, f = _chunks(view, blocks)
-        chunks += c
-        fences += f
-    chunks.sort(key=lambda c: (c.start, c.view.group, c.end))
-    fences.sort()
-    segments: list[Segment] = []
-    for chunk in chunks:
-        seg = segments[-1] if segments else None
-        stride = max(block_stride_bytes(chunk.view), 1)
-        if seg is not None and chunk.start - seg.end < seg.reach:
-            seg.end = max(seg.end, chunk.end)
-            seg.chunks.append(chunk)
-            seg.reach = max(seg.reach, stride)
-        else:
-            segments.append(Segment(chunk.start, chunk.end, [chunk], stride))
-    for seg in segments:  # trailing padding of the last block up to the next block's start
-        nxt = next((f for f in fences if f >= seg.end), None)
-        if nxt is not None and 0 < nxt - seg.end < seg.reach:
-            seg.end = nxt
-    shown = segments[:max_segments]
-    hidden_chunks = sum(len(s.chunks) for s in segments[max_segments:])
-    kept: list[Segment] = []
-    budget = max_chunks
-    for seg in shown:
-        if budget <= 0:
-            hidden_chunks += len(seg.chunks)
-            continue
-        if len(seg.chunks) > budget:
-            cut = seg.chunks[budget].start  # cut at an address, not inside an overlay
-            keep = [c for c in seg.chunks[:budget] if c.start < cut] or seg.chunks[:budget]
-            hidden_chunks += len(seg.chunks) - len(keep)
-            seg.chunks = keep
-            seg.end = max(c.end for c in keep)
-        budget -= len(seg.chunks)
-        kept.append(seg)
-    return Zoom(blocks, kept, len(segments) - len(kept), hidden_chunks)
+    return zooms(views, [blocks], max_segments, max_chunks)[blocks]
 
 
 def interleaved(views: list[View]) -> bool:
@@ -228,8 +256,14 @@ class Memory:
         return self.shared_per_token / total if total else 0.0
 
 
+def is_logical(plan: BindingPlan) -> bool:
+    """Whether the plan's views are vLLM 0.33's logical ``[B, H, N, C]`` (a KVCacheLayout);
+    the legacy strategies' backend shapes do not say tokens per block."""
+    return plan.source.layout in KVCacheLayout.__members__
+
+
 def memory(plan: BindingPlan) -> Memory:
-    logical = plan.source.layout in KVCacheLayout.__members__
+    logical = is_logical(plan)
     per_token = sum(bytes_per_token(v) or 0.0 for v in plan.views)
     shared = 0.0
     for alias in plan.aliases:

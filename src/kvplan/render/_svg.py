@@ -3,17 +3,24 @@
 Every name from the plan goes through :func:`esc`; every shape carries a ``<title>`` with its
 exact figures (shown on hover, no script). Colour is never the only carrier: groups also get
 their own hatching and a ``gN`` label, changed items a text mark.
+
+Every function here is linear in what it draws, and what it draws is bounded (rows, stripes
+merged below a label's width, zoom segments and chunks, sharer chips), whatever the plan's size.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from html import escape
+from itertools import pairwise
 from typing import Literal
 
 from kvplan.render._geometry import (
+    Chunk,
+    Zoom,
     block_stride_bytes,
     dense_page_bytes,
     extent,
@@ -21,16 +28,15 @@ from kvplan.render._geometry import (
     is_padded,
     short,
     short_kind,
-    zoom,
+    zooms,
 )
+from kvplan.render._palette import OKABE_ITO, STYLES, style
 from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
 from kvplan.units import human_bytes
 
 Mark = Literal["added", "removed", "changed"]
 MARK_TEXT: dict[str, str] = {"added": "+", "removed": "−", "changed": "Δ"}
 
-# Okabe–Ito (colour-blind safe), with a hatching per group for print and greyscale.
-OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"]
 HATCH = [
     '<path d="M0,8 L8,0" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
     '<path d="M0,0 L8,8" stroke="#000" stroke-opacity=".35" stroke-width="1.2"/>',
@@ -45,42 +51,76 @@ LEFT = 124  # label column
 ROW_H = 22
 ROW_GAP = 4
 ZOOM_H = 30
+MAX_GROUP_ROWS = 24
+"""Group rows drawn per band and zoom; the legend and the views table name every group."""
+ARROW_HEAD = 8.0
+LABEL_PAD = 3.0
+"""Room kept free of arrows around a label (its white outline is 1.5 px)."""
 Place = tuple[float, float, float, int]  # a drawn stripe: x, width, bottom y, row
 
 
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def esc(text: object) -> str:
-    return escape(str(text), quote=True)
+    """``text`` for HTML: escaped, control and bidi-override characters shown as ``\\x1b``
+    (a document's names cannot hide or reorder what the page says); line breaks kept (the
+    tooltips' lines)."""
+    return escape(_CONTROL.sub(_visible, str(text)), quote=True)
 
 
 def exact(n: int) -> str:
     return f"{human_bytes(n)} ({n:,} B)"
 
 
-COLOUR_NAMES = ("orange", "sky blue", "green", "yellow", "blue", "vermillion", "purple")
-HATCH_NAMES = ("diagonal", "back-diagonal", "dots", "horizontal", "vertical", "cross", "grid")
-STYLES = len(OKABE_ITO) * len(HATCH)
-"""Distinct colour × hatching pairs; group ``g`` takes pair ``g % STYLES``."""
+def round_bytes(n: int) -> str:
+    """A power of two in its largest whole unit: ``512 B``, ``16 KiB``, ``2 MiB``."""
+    for shift, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
 
 
-def style(group: int) -> tuple[int, int]:
-    """(colour, hatching) of a group: g0..g6 differ in both, g7.. pair them differently."""
-    k = group % STYLES
-    colour = k % len(OKABE_ITO)
-    return colour, (colour + k // len(OKABE_ITO)) % len(HATCH)
+@dataclass
+class Marks:
+    """Diff marks for one side: pool, view and alias names → added/removed/changed."""
+
+    pools: dict[str, Mark] = field(default_factory=dict)
+    views: dict[str, Mark] = field(default_factory=dict)
+    aliases: dict[str, Mark] = field(default_factory=dict)
+
+    def tag(self, kind: Literal["pools", "views", "aliases"], name: str) -> str:
+        mark = getattr(self, kind).get(name)
+        return MARK_TEXT[mark] if mark else ""
 
 
-def style_name(group: int) -> str:
-    colour, hatch = style(group)
-    return f"{COLOUR_NAMES[colour]}, {HATCH_NAMES[hatch]} hatching"
+@dataclass
+class Look:
+    """How one plan is drawn on a page: its diff marks and each group's style."""
+
+    marks: Marks = field(default_factory=Marks)
+    styles: Mapping[int, int] = field(default_factory=dict)
+
+    def style(self, group: int) -> int:
+        return self.styles.get(group, group) % STYLES
+
+    def fill(self, group: int) -> str:
+        return f"url(#s{self.style(group)})"
 
 
-def defs(groups: Iterable[int]) -> str:
-    """Patterns for ``groups`` and the arrowhead, once per page (a page's SVGs share ids)."""
+def defs(styles: Iterable[int]) -> str:
+    """Patterns for the style indices used and the arrowhead, once per page (a page's SVGs
+    share ids)."""
     parts = ['<svg width="0" height="0" style="position:absolute" aria-hidden="true"><defs>']
-    for k in sorted({g % STYLES for g in groups}):
+    for k in sorted({s % STYLES for s in styles}):
         colour, hatch = style(k)
         parts.append(
-            f'<pattern id="g{k}" width="8" height="8" patternUnits="userSpaceOnUse">'
+            f'<pattern id="s{k}" width="8" height="8" patternUnits="userSpaceOnUse">'
             f'<rect width="8" height="8" fill="{OKABE_ITO[colour]}" fill-opacity=".55"/>'
             f"{HATCH[hatch]}</pattern>"
         )
@@ -88,19 +128,19 @@ def defs(groups: Iterable[int]) -> str:
         '<pattern id="pad" width="6" height="6" patternUnits="userSpaceOnUse">'
         '<rect width="6" height="6" fill="#fff"/>'
         '<path d="M0,6 L6,0" stroke="#555" stroke-width="1"/></pattern>'
-        '<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
-        'fill="#222"/></marker></defs></svg>'
+        f'<marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="{ARROW_HEAD:g}" '
+        f'markerHeight="{ARROW_HEAD:g}" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M0,0 L10,5 L0,10 z" fill="#222"/></marker></defs></svg>'
     )
     return "".join(parts)
 
 
-def fill(group: int) -> str:
-    return f"url(#g{group % STYLES})"
+def text_width(text: str) -> float:
+    return len(text) * CHAR_W
 
 
 def text_fits(text: str, width: float) -> bool:
-    return len(text) * CHAR_W + 4 <= width
+    return text_width(text) + 4 <= width
 
 
 def fit(text: str, width: float) -> str:
@@ -147,23 +187,14 @@ def _rect(x: float, y: float, w: float, h: float, paint: str, title: str, cls: s
 
 
 @dataclass
-class Marks:
-    """Diff marks for one side: pool, view and alias names → added/removed/changed."""
-
-    pools: dict[str, Mark] = field(default_factory=dict)
-    views: dict[str, Mark] = field(default_factory=dict)
-    aliases: dict[str, Mark] = field(default_factory=dict)
-
-    def tag(self, kind: Literal["pools", "views", "aliases"], name: str) -> str:
-        mark = getattr(self, kind).get(name)
-        return MARK_TEXT[mark] if mark else ""
-
-
-@dataclass
 class _Stripe:
     x: float
     w: float
     views: list[View]
+
+
+def _range_label(first: View, last: View | None) -> str:
+    return short(first.layer) if last is None else f"{short(first.layer)}…{short(last.layer)}"
 
 
 def _stripes(views: list[View], x0: float, scale: float) -> list[_Stripe]:
@@ -173,32 +204,20 @@ def _stripes(views: list[View], x0: float, scale: float) -> list[_Stripe]:
         lo, hi = extent(view)
         x, w = x0 + lo * scale, (hi - lo) * scale
         last = out[-1] if out else None
-        if (
-            last is not None
-            and not text_fits(_stripe_label(last, Marks()), last.w)
-            and x - (last.x + last.w) < 1.0
-        ):
-            last.w = x + w - last.x
-            last.views.append(view)
-        else:
-            out.append(_Stripe(x, w, [view]))
+        if last is not None and x - (last.x + last.w) < 1.0:
+            tail = last.views[-1] if len(last.views) > 1 else None
+            if not text_fits(_range_label(last.views[0], tail), last.w):
+                last.w = x + w - last.x
+                last.views.append(view)
+                continue
+        out.append(_Stripe(x, w, [view]))
     return out
 
 
 def _stripe_label(stripe: _Stripe, marks: Marks) -> str:
     views = stripe.views
     tag = "".join(sorted({marks.tag("views", v.layer) for v in views}))
-    if len(views) == 1:
-        return tag + short(views[0].layer)
-    return f"{tag}{short(views[0].layer)}…{short(views[-1].layer)}"
-
-
-def _stripe_rect(
-    stripe: _Stripe, y: float, group: int, pool: Pool, marks: Marks, marked: bool
-) -> str:
-    """One stripe of a group's row: its rectangle in the group's colour, with its title."""
-    cls = "stripe marked" if marked else "stripe"
-    return _rect(stripe.x, y, stripe.w, ROW_H, fill(group), _stripe_title(stripe, pool, marks), cls)
+    return tag + _range_label(views[0], views[-1] if len(views) > 1 else None)
 
 
 def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> str:
@@ -217,27 +236,77 @@ def _stripe_title(stripe: _Stripe, pool: Pool, marks: Marks, full: int = 3) -> s
     return "\n\n".join(parts)
 
 
-def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Marks) -> str:
+@dataclass
+class _Label:
+    """A stripe's label, drawn after the arrows are placed (an arrow it cannot avoid cuts it)."""
+
+    row: int
+    y: float
+    text: str
+    x0: float  # the stripe's room for it
+    x1: float
+    start: bool  # left-aligned at x0 + 4 (else centred in [x0, x1])
+
+    @property
+    def span(self) -> tuple[float, float]:
+        if self.start:
+            return (self.x0 + 4, self.x0 + 4 + text_width(self.text))
+        mid, half = (self.x0 + self.x1) / 2, text_width(self.text) / 2
+        return (mid - half, mid + half)
+
+    def clear_of(self, x: float) -> None:
+        """Cut or move the text so that it stays ``LABEL_PAD`` px away from ``x`` (as far as
+        :func:`_stem_x` keeps arrows from labels: a label it kept clear is left alone)."""
+        lo, hi = self.span
+        pad = LABEL_PAD
+        if not lo - pad < x < hi + pad:
+            return
+        left, right = (self.x0, x - pad), (x + pad, self.x1)
+        if self.start:
+            self.text = fit(self.text, left[1] - left[0] - 4) if left[1] - left[0] > 8 else ""
+            return
+        room = max(left, right, key=lambda r: r[1] - r[0])
+        self.x0, self.x1 = room
+        self.text = fit(self.text, room[1] - room[0])
+
+    def svg(self) -> str:
+        if not self.text:
+            return ""
+        if self.start:
+            return _t(self.x0 + 4, self.y, self.text, "lbl")
+        return _t((self.x0 + self.x1) / 2, self.y, self.text, "lbl", "middle")
+
+
+@dataclass
+class _Band:
+    """What the sharers lane needs from the band: where each layer and each label is."""
+
+    top: float
+    bottom: float
+    centres: dict[str, Place] = field(default_factory=dict)
+    labels: list[_Label] = field(default_factory=list)
+
+
+def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Look) -> str:
     """The pool as an address band to scale, one row per group overlaid from byte 0, sharers."""
+    marks = look.marks
     views = [v for v in plan.views if v.pool == pool.name]
     by_group: dict[int, list[View]] = defaultdict(list)
     for view in views:
         by_group[view.group].append(view)
     groups = sorted(by_group)
+    hidden = groups[MAX_GROUP_ROWS:]
+    groups = groups[:MAX_GROUP_ROWS]
     band_w = max(pool.size_bytes * scale, 40.0)
     px = band_w / max(pool.size_bytes, 1)
     top = 40
     out: list[str] = []
     tag = marks.tag("pools", pool.name)
-    out.append(
-        _t(
-            0,
-            14,
-            f"{tag}pool {pool.name} · {human_bytes(pool.size_bytes)} ({pool.size_bytes:,} B) · "
-            f"alignment {pool.alignment_bytes:,} B · {pool.num_blocks:,} blocks",
-            "h",
-        )
+    head = (
+        f"{tag}pool {pool.name} · {human_bytes(pool.size_bytes)} ({pool.size_bytes:,} B) · "
+        f"alignment {pool.alignment_bytes:,} B · {pool.num_blocks:,} blocks"
     )
+    out.append(_t(0, 14, fit(head, width / 1.15), "h"))  # bold 12 px: wider than 11 px
     rows_h = max(len(groups), 1) * (ROW_H + ROW_GAP)
     out.append(
         f'<rect x="{LEFT}" y="{top - 4}" width="{band_w:.1f}" height="{rows_h + 4}" '
@@ -249,40 +318,66 @@ def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, marks: Ma
         anchor = "start" if at == 0 else ("end" if at == pool.size_bytes else "middle")
         out.append(f'<path d="M{x:.1f},{top - 10} v6" class="tick"/>')
         out.append(_t(x, top - 13, human_bytes(at), "s", anchor))
-    centres: dict[str, Place] = {}
+    band = _Band(top, top + rows_h)
     for row, gid in enumerate(groups):
         y = top + row * (ROW_H + ROW_GAP)
         members = by_group[gid]
         label = f"g{gid} {short_kind(members[0].kind)}"
         out.append(_t(0, y + 15, fit(label, LEFT - 6)))
-        if interleaved(members) and len(members) > 1:
+        if len(members) > 1 and interleaved(members):
             lo = min(extent(v)[0] for v in members)
             hi = max(extent(v)[1] for v in members)
             names = " ".join(short(v.layer) for v in members[:12])
             more = f" +{len(members) - 12}" if len(members) > 12 else ""
             tags = "".join(sorted({marks.tag("views", v.layer) for v in members}))
-            text = f"{tags}{names}{more} interleaved block by block (see zoom)"
             stripe = _Stripe(LEFT + lo * px, (hi - lo) * px, members)
-            out.append(_stripe_rect(stripe, y, gid, pool, marks, bool(tags)))
-            out.append(_t(stripe.x + 4, y + 15, fit(text, stripe.w - 6), "lbl"))
+            text = fit(f"{tags}{names}{more} interleaved block by block (see zoom)", stripe.w - 6)
+            out.append(_stripe_rect(stripe, y, gid, pool, look, bool(tags)))
+            if text:
+                band.labels.append(_Label(row, y + 15, text, stripe.x, stripe.x + stripe.w, True))
             for view in members:
-                centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
+                band.centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
             continue
         for stripe in _stripes(members, LEFT, px):
-            label = _stripe_label(stripe, marks)
             marked = any(marks.views.get(v.layer) for v in stripe.views)
-            out.append(_stripe_rect(stripe, y, gid, pool, marks, marked))
-            label = fit(label, stripe.w)
+            out.append(_stripe_rect(stripe, y, gid, pool, look, marked))
+            label = fit(_stripe_label(stripe, marks), stripe.w)
             if label:
-                out.append(_t(stripe.x + stripe.w / 2, y + 15, label, "lbl", "middle"))
+                band.labels.append(_Label(row, y + 15, label, stripe.x, stripe.x + stripe.w, False))
             for view in stripe.views:
-                centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
+                band.centres[view.layer] = (stripe.x, stripe.w, y + ROW_H, row)
     bottom = float(top + rows_h + 6)
-    aliases = [a for a in plan.aliases if a.target in centres]
+    if hidden:
+        out.append(
+            _t(
+                LEFT,
+                bottom + 10,
+                f"{len(hidden)} more groups (g{hidden[0]}…g{hidden[-1]}) are not drawn: "
+                "the legend and the views table list them",
+                "s",
+            )
+        )
+        bottom += 14
+    aliases = [a for a in plan.aliases if a.target in band.centres]
+    lane = ""
     if aliases:
-        lane, bottom = _sharers(aliases, centres, bottom, width, marks)
-        out.append(lane)
+        lane, bottom, stems = _sharers(aliases, band, bottom, width, marks)
+        for x, row in stems:  # an arrow that found no way between the labels cuts them
+            for item in band.labels:
+                if item.row >= row:
+                    item.clear_of(x)
+    out.extend(item.svg() for item in band.labels)
+    out.append(lane)
     return _svg(width, bottom + 4, "".join(out), f"pool {pool.name}")
+
+
+def _stripe_rect(
+    stripe: _Stripe, y: float, group: int, pool: Pool, look: Look, marked: bool
+) -> str:
+    """One stripe of a group's row: its rectangle in the group's style, with its title."""
+    cls = "stripe marked" if marked else "stripe"
+    title = _stripe_title(stripe, pool, look.marks)
+    return _rect(stripe.x, y, stripe.w, ROW_H, look.fill(group), title, cls)
 
 
 def _ticks(views: list[View], size: int, px: float, gap: float = 70.0) -> list[int]:
@@ -293,7 +388,8 @@ def _ticks(views: list[View], size: int, px: float, gap: float = 70.0) -> list[i
         if ((at - kept[-1]) * px >= gap and (size - at) * px >= gap) or at == size:
             kept.append(at)
     if len(starts) > 9 or len(kept) < 3:
-        return [size * k // 4 for k in range(5)]
+        quarters = [size * k // 4 for k in range(1, 4)]
+        return [0, *(q for q in quarters if (q - 0) * px >= gap and (size - q) * px >= gap), size]
     return kept
 
 
@@ -336,18 +432,64 @@ def _clusters(
     ], True
 
 
+def _free_x(lo: float, hi: float, want: float, blocked: list[tuple[float, float]]) -> float | None:
+    """The point of ``[lo, hi]`` nearest ``want`` outside every ``blocked`` interval."""
+    if lo > hi:
+        return None
+    gaps: list[tuple[float, float]] = []
+    cursor = lo
+    for a, b in sorted(blocked):
+        if b < cursor:
+            continue
+        if a > hi:
+            break
+        if a > cursor:
+            gaps.append((cursor, a))
+        cursor = max(cursor, b)
+    if cursor <= hi:
+        gaps.append((cursor, hi))
+    best: float | None = None
+    for a, b in gaps:
+        x = min(max(want, a), b)
+        if best is None or abs(x - want) < abs(best - want):
+            best = x
+    return best
+
+
+def _stem_x(place: Place, want: float, band: _Band, stems: list[float]) -> float:
+    """Where an arrow to ``place`` enters it: inside the stripe, clear of every label in the
+    rows it crosses (the target's row and those below it) and of the other arrows."""
+    sx, sw, _, row = place
+    inset = min(sw / 2, max(6.0, min(24.0, sw / 8)))  # clear of the stripe's edges
+    lo, hi = sx + inset, sx + sw - inset
+    labels = [
+        (lo - LABEL_PAD, hi + LABEL_PAD)
+        for lo, hi in (label.span for label in band.labels if label.row >= row)
+    ]
+    others = [(x - 5.0, x + 5.0) for x in stems]
+    for blocked in (labels + others, labels):
+        found = _free_x(lo, hi, want, blocked)
+        if found is not None:
+            return found
+    return min(max(want, lo), hi)
+
+
 def _sharers(
     aliases: list[Alias],
-    centres: dict[str, Place],
+    band: _Band,
     y: float,
     width: int,
     marks: Marks,
-) -> tuple[str, float]:
-    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow to the target.
+) -> tuple[str, float, list[tuple[float, int]]]:
+    """The sharers lane: chips owning 0 bytes, a bus per target, an arrow into the target;
+    also each arrow's x and the row it ends in.
 
-    With too many sharers for one chip each, one chip per drawn stripe (or run of stripes)
-    counts them; the aliases table names every one.
+    Each arrow runs straight up into its target's stripe and ends inside that stripe's row (its
+    head within the row), entering where no label of the rows it crosses is; under the chips a
+    line says which layers they read. With too many sharers for one chip each, one chip per
+    drawn stripe (or run of stripes) counts them; the aliases table names every one.
     """
+    centres = band.centres
     chip_w = max(max(len(short(a.layer)) for a in aliases) * CHAR_W + 6, 28.0)
     gap, cluster_gap = 3.0, 14.0
     avail = width - LEFT - 4
@@ -374,6 +516,9 @@ def _sharers(
     lane_y = y + 34
     out = [_t(0, lane_y + 13, "sharers (own 0 B)")]
     arrows: list[str] = []
+    stems: list[float] = []
+    ends: list[tuple[float, int]] = []
+    elbows = 0
     for c in clusters:
         x, members = c.x, c.members
         bus_mid = x + c.w / 2
@@ -398,6 +543,7 @@ def _sharers(
             )
             label = label if text_fits(label, c.w) else fit(f"{marked}{len(members)}", c.w)
             out.append(_t(bus_mid, lane_y + 13, label, "s", "middle"))
+            bus = (x + 4, x + c.w - 4, float(lane_y))
         else:
             for i, alias in enumerate(members):
                 cx = x + i * (chip_w + gap)
@@ -414,24 +560,33 @@ def _sharers(
                     _t(cx + chip_w / 2, lane_y + 13, tag + short(alias.layer), "s", "middle")
                 )
                 out.append(f'<path d="M{cx + chip_w / 2:.1f},{lane_y} v-6" class="bus"/>')
-            out.append(
-                f'<path d="M{x + chip_w / 2:.1f},{lane_y - 6} H{x + c.w - chip_w / 2:.1f}" '
-                f'class="bus"/>'
-            )
-        start_y = lane_y - (0 if compact else 6)
-        targets = sorted({a.target for a in members})
+            first, last = x + chip_w / 2, x + c.w - chip_w / 2
+            out.append(f'<path d="M{first:.1f},{lane_y - 6} H{last:.1f}" class="bus"/>')
+            bus = (first, last, float(lane_y - 6))
+        targets = list(dict.fromkeys(a.target for a in members))
+        names = ", ".join(short(t) for t in targets[:4]) + (" …" if len(targets) > 4 else "")
+        reads = fit(f"↑ read {names}", c.w + cluster_gap - 2)
+        if reads:
+            out.append(_t(bus_mid, lane_y + 31, reads, "s", "middle"))
         what = f"{len(members)} sharer(s) → {', '.join(targets[:6])}"
         what += " …" if len(targets) > 6 else ""
-        for sx, sw, ty, _ in c.places:
-            inset = min(8.0, sw / 2)
-            tx = min(max(bus_mid, sx + inset), sx + sw - inset)
-            path = f"M{bus_mid:.1f},{start_y:.1f} L{tx:.1f},{ty + 2:.1f}"
+        for place in c.places:
+            tx = _stem_x(place, min(max(bus_mid, bus[0]), bus[1]), band, stems)
+            stems.append(tx)
+            ends.append((tx, place[3]))
+            tip = place[2] - ROW_H + ARROW_HEAD + 6  # the head lies inside the target's row
+            if bus[0] <= tx <= bus[1]:
+                path = f"M{tx:.1f},{bus[2]:.1f} V{tip:.1f}"
+            else:  # along the gap under the band, then up
+                level = band.bottom + 10 + 5 * (elbows % 4)
+                elbows += 1
+                path = f"M{bus_mid:.1f},{bus[2]:.1f} V{level:.1f} H{tx:.1f} V{tip:.1f}"
             arrows.append(f'<path d="{path}" class="halo"/>')
             arrows.append(
                 f'<path d="{path}" class="arrow" marker-end="url(#arrow)">'
                 f"<title>{esc(what)}</title></path>"
             )
-    return "".join(arrows) + "".join(out), lane_y + 22
+    return "".join(arrows) + "".join(out), lane_y + 36, ends
 
 
 def _svg(width: float, height: float, body: str, label: str) -> str:
@@ -442,45 +597,105 @@ def _svg(width: float, height: float, body: str, label: str) -> str:
     )
 
 
-def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: int = 4) -> str:
-    """Where blocks 0..blocks-1 of each layer live: a broken address axis, one row per group."""
+MIN_SEGMENT_W = 24.0
+SEGMENT_BREAK = 30.0
+
+
+@dataclass
+class _ZoomLayout:
+    zoom: Zoom
+    widths: list[float]
+    scale: float  # px per byte of the segments drawn to scale
+    widened: int  # segments drawn wider than to scale (too small to see)
+    unnamed: int  # chips too narrow for their layer's name
+
+
+def _layout(z: Zoom, avail_all: float) -> _ZoomLayout:
+    avail = avail_all - SEGMENT_BREAK * (len(z.segments) - 1)
+    total = sum(s.end - s.start for s in z.segments) or 1
+    scale = avail / total
+    widths = [max((s.end - s.start) * scale, MIN_SEGMENT_W) for s in z.segments]
+    widened = sum(
+        1 for s, w in zip(z.segments, widths, strict=True) if w > (s.end - s.start) * scale
+    )
+    unnamed = 0
+    for seg, w in zip(z.segments, widths, strict=True):
+        px = w / max(seg.end - seg.start, 1)
+        for chunk in seg.chunks:
+            if not text_fits(short(chunk.view.layer), (chunk.end - chunk.start) * px):
+                unnamed += 1
+    return _ZoomLayout(z, widths, scale, widened, unnamed)
+
+
+def _block_spans(chunks: Iterable[Chunk]) -> list[tuple[int, int, int]] | None:
+    """(block, first byte, end byte) per block of a segment, when the blocks lie one after
+    another (each block's chunks before the next block's); None otherwise."""
+    spans: dict[int, list[int]] = {}
+    for chunk in chunks:
+        if chunk.whole:
+            return None
+        span = spans.setdefault(chunk.block, [chunk.start, chunk.end])
+        span[0], span[1] = min(span[0], chunk.start), max(span[1], chunk.end)
+    ordered = sorted((lo, hi, b) for b, (lo, hi) in spans.items())
+    if len(ordered) < 2 or any(a[1] > b[0] for a, b in pairwise(ordered)):
+        return None
+    return [(b, lo, hi) for lo, hi, b in ordered]
+
+
+def pool_zoom(plan: BindingPlan, pool: Pool, width: int, look: Look, blocks: int = 4) -> str:
+    """Where blocks 0..blocks-1 of each layer live: a broken address axis, one row per group.
+
+    Fewer blocks are zoomed (2, then 1) when the chips of ``blocks`` blocks would be too narrow
+    to name their layers; a block axis names the blocks of a segment whose blocks lie one
+    after another; a scale bar gives the bytes per pixel of the segments drawn to scale.
+    """
+    marks = look.marks
     views = [v for v in plan.views if v.pool == pool.name]
     if not views:
         return ""
-    z = zoom(views, blocks)
-    groups = sorted({v.group for v in views})
-    brk = 30.0
-    avail = width - LEFT - 4 - brk * (len(z.segments) - 1)
-    total = sum(s.end - s.start for s in z.segments) or 1
-    top = 44
-    out = [
-        _t(
-            0,
-            14,
-            f"zoom: blocks 0–{blocks - 1} of pool {pool.name} (where block b of each layer lives)",
-            "h",
-        )
-    ]
+    kinds: dict[int, str] = {}
+    for view in views:
+        kinds.setdefault(view.group, view.kind)
+    groups = sorted(kinds)[:MAX_GROUP_ROWS]
+    row_of = {gid: i for i, gid in enumerate(groups)}
+    drawn = [v for v in views if v.group in row_of]
+    avail = width - LEFT - 4
+    tries = sorted({blocks, min(blocks, 2), 1}, reverse=True)
+    candidates = zooms(drawn, tries)
+    for n in tries:
+        lay = _layout(candidates[n], avail)
+        if lay.unnamed == 0:
+            break
+    z, blocks = lay.zoom, lay.zoom.blocks
+    top = 64
+    head = (
+        f"zoom: blocks 0–{blocks - 1} of pool {pool.name} (where block b of each layer lives)"
+        if blocks > 1
+        else f"zoom: block 0 of pool {pool.name} (where block 0 of each layer lives)"
+    )
+    out = [_t(0, 14, fit(head, width / 1.15), "h")]
     rows_h = len(groups) * (ZOOM_H + ROW_GAP)
-    for row, gid in enumerate(groups):
-        kind = next(v.kind for v in views if v.group == gid)
-        out.append(
-            _t(0, top + row * (ZOOM_H + ROW_GAP) + 19, fit(f"g{gid} {short_kind(kind)}", LEFT - 6))
-        )
+    for gid in groups:
+        y = top + row_of[gid] * (ZOOM_H + ROW_GAP) + 19
+        out.append(_t(0, y, fit(f"g{gid} {short_kind(kinds[gid])}", LEFT - 6)))
     x = float(LEFT)
-    for i, seg in enumerate(z.segments):
-        w = max((seg.end - seg.start) / total * avail, 24.0)
+    for i, (seg, w) in enumerate(zip(z.segments, lay.widths, strict=True)):
         px = w / max(seg.end - seg.start, 1)
-        out.append(_t(x, top - 22, f"@ {human_bytes(seg.start)}", "s"))
-        out.append(_t(x, top - 10, f"{seg.start:,} B", "s"))
+        out.append(_t(x, top - 34, f"@ {human_bytes(seg.start)}", "s"))
+        out.append(_t(x, top - 22, f"{seg.start:,} B", "s"))
         out.append(
             f'<rect x="{x:.1f}" y="{top - 3}" width="{w:.1f}" height="{rows_h + 2}" '
             f'fill="url(#pad)" class="seg"><title>{esc(_seg_title(seg.start, seg.end))}</title>'
             f"</rect>"
         )
+        spans = _block_spans(seg.chunks)
+        for block, lo, hi in spans or []:
+            bx0, bx1 = x + (lo - seg.start) * px, x + (hi - seg.start) * px
+            out.append(f'<path d="M{bx0 + 1:.1f},{top - 6} v-4 H{bx1 - 1:.1f} v4" class="bus"/>')
+            if text_fits(f"b{block}", bx1 - bx0):
+                out.append(_t((bx0 + bx1) / 2, top - 12, f"b{block}", "s", "middle"))
         for chunk in seg.chunks:
-            row = groups.index(chunk.view.group)
-            y = top + row * (ZOOM_H + ROW_GAP)
+            y = top + row_of[chunk.view.group] * (ZOOM_H + ROW_GAP)
             cx, cw = x + (chunk.start - seg.start) * px, (chunk.end - chunk.start) * px
             mark = marks.views.get(chunk.view.layer)
             what = "all blocks" if chunk.whole else f"b{chunk.block}"
@@ -495,32 +710,24 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: i
                     y,
                     cw,
                     ZOOM_H,
-                    fill(chunk.view.group),
+                    look.fill(chunk.view.group),
                     title,
                     "stripe marked" if mark else "stripe",
                 )
             )
-            layer = short(chunk.view.layer)
-            if text_fits(f"{layer}·{what}", cw):
-                out.append(_t(cx + cw / 2, y + 19, f"{layer}·{what}", "lbl", "middle"))
-            elif text_fits(layer, cw) and text_fits(what, cw):
-                out.append(_t(cx + cw / 2, y + 13, layer, "lbl", "middle"))
-                out.append(_t(cx + cw / 2, y + 26, what, "lbl", "middle"))
-            else:  # one line: the layer where its blocks start, the block after that
-                for label in (layer, what) if chunk.block == 0 else (what,):
-                    if text_fits(label, cw):
-                        out.append(_t(cx + cw / 2, y + 19, label, "lbl", "middle"))
-                        break
+            out.extend(_chip_label(short(chunk.view.layer), what, cx, cw, y))
         x += w
         if i < len(z.segments) - 1:
             skipped = z.segments[i + 1].start - seg.end
-            out.append(_t(x + brk / 2, top + rows_h / 2 + 4, "⋯", "brk", "middle"))
+            out.append(_t(x + SEGMENT_BREAK / 2, top + rows_h / 2 + 4, "⋯", "brk", "middle"))
             out.append(
-                f'<rect x="{x:.1f}" y="{top}" width="{brk:.1f}" height="{rows_h}" '
+                f'<rect x="{x:.1f}" y="{top}" width="{SEGMENT_BREAK:.1f}" height="{rows_h}" '
                 f'fill="transparent"><title>{esc(f"{exact(skipped)} not shown")}</title></rect>'
             )
-            x += brk
-    y = top + rows_h + 14
+            x += SEGMENT_BREAK
+    y = top + rows_h + 18
+    out.append(_scale_bar(lay.scale, y, lay.widened))
+    y += 18
     notes = [
         "hatched: bytes that group does not use in these blocks (padding, or a slot only "
         "other groups use)"
@@ -530,10 +737,58 @@ def pool_zoom(plan: BindingPlan, pool: Pool, width: int, marks: Marks, blocks: i
             f"not drawn: {z.hidden_segments} more address segment(s), "
             f"{z.hidden_chunks} more block chunk(s) (see the views table)"
         )
+    if lay.unnamed:
+        notes.append(
+            f"{lay.unnamed} chip(s) too narrow for their layer's name even for block 0 alone: "
+            "hover them (or see the views table)"
+        )
+    hidden_groups = len(kinds) - len(groups)
+    if hidden_groups:
+        notes.append(f"{hidden_groups} more groups are not drawn (see the views table)")
     for note in notes:
-        out.append(_t(LEFT, y, note, "s"))
-        y += 14
+        for line in wrap(note, width - LEFT - 4, 6.0):
+            out.append(_t(LEFT, y, line, "s"))
+            y += 14
     return _svg(width, y, "".join(out), f"zoom of pool {pool.name}")
+
+
+def wrap(text: str, width: float, char_w: float = CHAR_W) -> list[str]:
+    """``text`` in lines of at most ``width`` px, broken between words."""
+    most = max(int(width / char_w), 8)
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= most:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _chip_label(layer: str, what: str, cx: float, cw: float, y: float) -> list[str]:
+    """A zoom chip's text: the layer always when it fits, the block beside or under it."""
+    mid = cx + cw / 2
+    if text_fits(f"{layer}·{what}", cw):
+        return [_t(mid, y + 19, f"{layer}·{what}", "lbl", "middle")]
+    if text_fits(layer, cw) and text_fits(what, cw):
+        return [_t(mid, y + 13, layer, "lbl", "middle"), _t(mid, y + 26, what, "lbl", "middle")]
+    if text_fits(layer, cw):
+        return [_t(mid, y + 19, layer, "lbl", "middle")]
+    return []
+
+
+def _scale_bar(scale: float, y: float, widened: int) -> str:
+    """A bar of a power-of-two byte count, 40–80 px long at ``scale`` px per byte."""
+    size = 1
+    while size * 2 * scale <= 80:
+        size *= 2
+    length = size * scale
+    x0, x1 = float(LEFT), LEFT + length
+    note = f"{round_bytes(size)} (segments to scale"
+    note += f"; {widened} segment(s) too small to see drawn wider)" if widened else ")"
+    return (
+        f'<path d="M{x0:.1f},{y - 4:.1f} v8 M{x0:.1f},{y:.1f} H{x1:.1f} M{x1:.1f},{y - 4:.1f} '
+        f'v8" class="tick"/>' + _t(x1 + 6, y + 4, note, "s")
+    )
 
 
 def _seg_title(start: int, end: int) -> str:

@@ -158,11 +158,15 @@ class Code(StrEnum):
     LIMIT_UNREADABLE = "KVP417"
     BAD_LIMIT = "KVP418"
     DIRECTORY_MISSING = "KVP419"
+    STATS_PLAN_MISMATCH = "KVP426"
+    LIMIT_BELOW_FLOOR = "KVP427"
     INTEGRATION = "KVP501"
     RANK_UNKNOWN = "KVP502"
     REVIEWED_PLAN_DIFFERS = "KVP503"
     REVIEWED_PLAN_MISSING = "KVP504"
     FIELD_NOT_IN_RELEASE = "KVP505"
+    FOREIGN_WRAPPER = "KVP506"
+    CACHE_REBOUND = "KVP507"
     REMOTE_CODE_REQUIRED = "KVP520"
     REMOTE_CODE_UNAVAILABLE = "KVP521"
     ELASTIC_UNSUPPORTED = "KVP530"
@@ -273,15 +277,18 @@ class Findings(list[Diagnostic]):
 class KVPlanError(Exception):
     """Raised for bad input or a failed plan/apply; carries every diagnostic found."""
 
-    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic) -> None:
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic, *, led: bool = False) -> None:
+        """``led``: the first diagnostic is a lead that already names the others (the
+        plugin's refusals), so the message is that lead alone, not "N errors; first: ..."."""
         if isinstance(diagnostics, Diagnostic):
             diagnostics = [diagnostics]
         self.diagnostics: Findings = Findings(diagnostics)
+        self.led = led and bool(self.diagnostics)
         super().__init__(self._summary())
 
     def _summary(self) -> str:
         errors = self.diagnostics.errors or self.diagnostics
-        if len(errors) == 1:
+        if self.led or len(errors) == 1:
             return errors[0].render()
         head = f"{len(errors)} errors; first: {errors[0].render()}"
         return head

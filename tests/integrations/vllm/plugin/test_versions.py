@@ -57,6 +57,7 @@ _COMMON = (
     "vllm.v1.worker.gpu.attn_utils.init_kv_cache",
     "vllm.v1.worker.gpu.model_runner.init_kv_cache",
     "vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers",
+    "vllm.v1.worker.gpu_worker.Worker.execute_model",
 )
 
 

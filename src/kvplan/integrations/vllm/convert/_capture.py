@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "capture",
     "installed_adapter",
+    "request_blocks",
     "spec_class",
     "spec_classes",
     "to_vllm",
@@ -424,3 +425,16 @@ def to_vllm(
             dict(document.shared_kv_cache_layers), config.kv_cache_groups
         )
     return typing.cast("KVCacheConfig", config)
+
+
+def request_blocks(kv_cache_config: Any, vllm_config: Any) -> int:
+    """The block ids one request of ``max_model_len`` tokens takes, summed over the config's
+    KV cache groups: what vLLM's own ``max_memory_usage_bytes`` admits per group, in pages
+    (see :mod:`kvplan.elastic.floor`)."""
+    blocks = 0
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        page = int(spec.page_size_bytes)
+        if page > 0:
+            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
+    return blocks

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from kvplan.integrations.vllm.elastic._mode import (
     ElasticMode,
-    longest_request_bytes,
+    engine_floor,
     scheduler_ledger,
 )
 from kvplan.integrations.vllm.elastic._ops import (
@@ -40,6 +40,7 @@ from kvplan.integrations.vllm.elastic._ops import (
 )
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
 from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
+from kvplan.integrations.vllm.elastic._refusals import elastic_limit_too_small
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
@@ -69,10 +70,11 @@ __all__ = [
     "default_limits",
     "detach_cache",
     "elastic_chunk_bytes",
+    "elastic_limit_too_small",
+    "engine_floor",
     "engine_name",
     "geometry_digest",
     "hand_over",
-    "longest_request_bytes",
     "make_elastic",
     "read_elastic_settings",
     "recover_failed_map",

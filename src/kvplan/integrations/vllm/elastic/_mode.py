@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
 from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
 from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
+    default_limits,
     elastic_chunk_bytes,
     read_elastic_settings,
 )
@@ -60,6 +62,8 @@ class ElasticMode:
         self.dump_dir = dump_dir
         self.rank_configs: list[Any] = []
         """Engine core: every rank's ``KVCacheConfig`` (for the scheduler's plan)."""
+        self.vllm_config: Any = None
+        """Engine core: the config the engine's KV caches are being sized for."""
         self.sides: list[SchedulerSide] = []
         """Engine core: the elastic block pools (one per engine in this process)."""
 
@@ -102,11 +106,18 @@ class ElasticMode:
 
     def handlers(self) -> Mapping[str, Handler]:
         return {
+            "elastic/capacity-cpu": lambda runtime, call: cpu_capacity(
+                self.settings, runtime, call
+            ),
+            "elastic/capacity-gpu": lambda runtime, call: gpu_capacity(
+                self.settings, runtime, call
+            ),
+            "elastic/request-memory": request_memory,
+            "elastic/initialize-kv-caches": self.initialize_kv_caches,
             "elastic/rank-configs": self.record_rank_configs,
             "elastic/scheduler-init": self.scheduler_init,
             "elastic/schedule": self.schedule,
             "elastic/update-from-output": self.update_from_output,
-            "elastic/execute-model": self.execute_model,
         }
 
     def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
@@ -141,9 +152,32 @@ class ElasticMode:
 
     # -- handlers of the adapters' elastic targets ----------------------------------------
 
+    def initialize_kv_caches(self, runtime: Runtime, call: Call) -> Any:
+        """``EngineCore._initialize_kv_caches(vllm_config)``: the config the next handler needs
+        to check the floor."""
+        self.vllm_config = call.arguments["vllm_config"]
+        try:
+            return call.run()
+        finally:
+            self.vllm_config = None
+
     def record_rank_configs(self, runtime: Runtime, call: Call) -> Any:
-        """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config."""
+        """``generate_scheduler_kv_cache_config(kv_cache_configs)``: keep every rank's config,
+        and refuse a memory limit below the floor now — before any worker allocates its KV
+        cache or vLLM compiles and warms the model up (``KVP533``)."""
         self.rank_configs = list(call.arguments["kv_cache_configs"])
+        if self.rank_configs and self.vllm_config is not None:
+            config = self.rank_configs[0]
+            if config.kv_cache_tensors:
+                try:
+                    ledger = scheduler_ledger(runtime, config)
+                    ledger.back([0])
+                    floor = engine_floor(ledger, config, self.vllm_config)
+                    limit = default_limits(self.settings, ledger.reserved_bytes)[0]
+                    if limit < floor:
+                        raise refusals.elastic_limit_too_small(limit, floor)
+                except KVPlanError as exc:
+                    raise runtime.refuse(exc) from None
         return call.run()
 
     def scheduler_init(self, runtime: Runtime, call: Call) -> Any:
@@ -176,8 +210,7 @@ class ElasticMode:
                     )
                 )
             side = SchedulerSide(ledger, self.settings, pool, self.dump_dir)
-            need = longest_request_bytes(ledger, configs[0], call.arguments["vllm_config"])
-            side.floor = ledger.mapped_bytes + need
+            side.floor = engine_floor(ledger, configs[0], call.arguments["vllm_config"])
             if side.limit < side.floor:
                 raise refusals.elastic_limit_too_small(side.limit, side.floor)
         except KVPlanError as exc:
@@ -215,39 +248,31 @@ class ElasticMode:
                 recover_failed_map(scheduler, side, failed)
         return call.run()
 
-    def execute_model(self, runtime: Runtime, call: Call) -> Any:
-        """``Worker.execute_model``: unmap, then map, this step's blocks; then run vLLM."""
+    def before_step(self, runtime: Runtime, call: Call) -> None:
+        """``Worker.execute_model``: unmap, then map, this step's blocks (vLLM runs it next)."""
         ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
-        if ops is not None:
-            worker = call.arguments["self"]
-            side = worker_of(getattr(worker, "model_runner", None))
-            if side is None:
-                why = "this worker received elastic operations but bound no elastic KV cache"
-                raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        if ops is None:
+            return
+        worker = call.arguments["self"]
+        side = worker_of(getattr(worker, "model_runner", None))
+        if side is None:
+            why = "this worker received elastic operations but bound no elastic KV cache"
+            raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        try:
+            side.apply(ops)
+        except MapFailed as failed:
             try:
-                side.apply(ops)
-            except MapFailed as failed:
-                try:
-                    hand_over(self.sides, side, ops, failed)
-                except KVPlanError as exc:
-                    raise runtime.refuse(exc) from failed.error
-        return call.run()
+                hand_over(self.sides, side, ops, failed)
+            except KVPlanError as exc:
+                raise runtime.refuse(exc) from failed.error
 
 
-def longest_request_bytes(ledger: Ledger, config: Any, vllm_config: Any) -> int:
-    """What one request of ``max_model_len`` tokens needs backed: in every KV cache group
-    (each takes its own block ids from the one pool), the blocks vLLM's own
-    ``max_memory_usage_bytes`` admits for it, at the pool's mean bytes per block id."""
-    if not ledger.num_blocks:
-        return 0
-    blocks = 0
-    for group in config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        page = int(spec.page_size_bytes)
-        if page > 0:
-            blocks += -(-int(spec.max_memory_usage_bytes(vllm_config)) // page)
-    blocks = min(blocks, ledger.num_blocks - 1)
-    return blocks * -(-ledger.reserved_bytes // ledger.num_blocks)
+def engine_floor(ledger: Ledger, config: Any, vllm_config: Any) -> int:
+    """The engine's floor (:func:`kvplan.elastic.floor.floor_bytes`) for ``config``."""
+    from kvplan.elastic.floor import floor_bytes
+    from kvplan.integrations.vllm.convert import request_blocks
+
+    return floor_bytes(ledger, request_blocks(config, vllm_config))
 
 
 def scheduler_ledger(runtime: Runtime, config: Any) -> Ledger:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from kvplan.elastic.ledger import Ledger
 
 SCHEDULER_FIGURES = (
-    "live_blocks", "cached_blocks", "limit_bytes", "cache_limit_bytes", "reserve_bytes"
+    "live_blocks", "cached_blocks", "limit_bytes", "cache_limit_bytes", "reserve_bytes",
+    "floor_bytes", "asked_limit_bytes",
 )  # fmt: skip
 """The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
 OPS_ATTR = "kvplan_elastic"
@@ -43,6 +44,11 @@ class ElasticOps:
     """What the scheduler's ledger counts as mapped after these operations."""
     digest: str
     """The scheduler's geometry fingerprint (see :func:`geometry_digest`)."""
+    floor_bytes: int = 0
+    """The smallest limit the engine accepts (null block + one longest request)."""
+    asked_limit_bytes: int | None = None
+    """The limit asked (``KVPLAN_MEMORY_LIMIT`` or ``kvplan limit``; ``None``: the default);
+    ``limit_bytes`` is the one in force (never below the floor)."""
 
 
 def sampled_blocks(num_blocks: int) -> list[int]:

@@ -41,6 +41,8 @@ class SchedulerSide:
         self.pool = pool
         self.dump_dir = dump_dir
         self.limit, self.cache_limit, self.reserve = default_limits(settings, ledger.reserved_bytes)
+        self.asked_limit: int | None = settings.limit
+        """What was asked (``KVPLAN_MEMORY_LIMIT``, then ``kvplan limit``); ``None``: default."""
         self.digest = geometry_digest(ledger)
         self.pending_map: list[int] = []
         self.pending_unmap: list[int] = []
@@ -171,6 +173,7 @@ class SchedulerSide:
                 "request of max_model_len tokens",
                 found.limit_bytes, self.floor,
             )  # fmt: skip
+        self.asked_limit = int(found.limit_bytes)
         self.limit = max(int(found.limit_bytes), self.floor)
         if found.cache_limit_bytes is not None:
             self.cache_limit = int(found.cache_limit_bytes)
@@ -222,7 +225,10 @@ class SchedulerSide:
         """The operations for the step just scheduled (``None`` when nothing changed)."""
         pool = self.pool
         live = pool.num_gpu_blocks - 1 - pool.free_block_queue.num_free_blocks
-        state = (live, self.cached_blocks, self.limit, self.cache_limit, self.reserve)
+        state = (
+            live, self.cached_blocks, self.limit, self.cache_limit, self.reserve, self.floor,
+            self.asked_limit,
+        )  # fmt: skip
         if not self.pending_map and not self.pending_unmap and state == self._last_sent:
             return None
         self.seq += 1
@@ -237,6 +243,8 @@ class SchedulerSide:
             reserve_bytes=self.reserve,
             mapped_bytes=self.ledger.mapped_bytes,
             digest=self.digest,
+            floor_bytes=self.floor,
+            asked_limit_bytes=self.asked_limit,
         )
         self.pending_map, self.pending_unmap = [], []
         self._last_sent = state

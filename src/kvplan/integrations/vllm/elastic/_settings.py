@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,12 @@ ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
+ENV_CAPACITY = "KVPLAN_CAPACITY"
+
+_DIGITS = re.compile("[0-9]{1,10}")
+"""A map number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
+_DECIMAL = re.compile("[0-9]{1,10}(?:[.][0-9]{0,9})?")
+_TOKENS = re.compile("([0-9]{1,12}) ?(?:t|tok|tokens)")
 
 CACHE_LIMIT_SHARE = 10
 """Default ``KVPLAN_CACHE_LIMIT``: a tenth of the memory limit."""
@@ -48,9 +55,17 @@ class ElasticSettings:
     """Test-only fault injection: the N-th map (1-based) fails after mapping its chunks."""
     map_retry: float = MAP_RETRY_SECONDS
     """Seconds without new mappings after a failed map (0: try again at the next step)."""
+    capacity: int | None = None
+    """``KVPLAN_CAPACITY`` in bytes per rank: the KV address space reserved (vLLM's block
+    count), whoever else runs (``None``: the default, see ``_capacity``)."""
+    capacity_tokens: int | None = None
+    """``KVPLAN_CAPACITY`` given in tokens (``65536t``): converted with the model's bytes per
+    token when the worker sizes its cache."""
 
     def as_dict(self) -> dict[str, object]:
         return {
+            "capacity": self.capacity,
+            "capacity_tokens": self.capacity_tokens,
             "memory_limit": self.limit,
             "cache_limit": self.cache_limit,
             "reserve": self.reserve,
@@ -77,7 +92,8 @@ def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int 
                 Code.INTEGRATION,
                 name,
                 f"{name}={raw[:40]!r} is not a byte size ({exc}).",
-                f"write e.g. {name}=24GiB, 512MiB or 0",
+                f"write e.g. {name}=24GiB or 512MiB"
+                + ("" if name in (ENV_MEMORY_LIMIT, ENV_CAPACITY) else f", or {name}=0"),
             )
         )
         return None
@@ -98,13 +114,55 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
         )
     cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
     reserve = _size(env, ENV_RESERVE, problems)
+    for name, value in ((ENV_CACHE_LIMIT, cache_limit), (ENV_RESERVE, reserve)):
+        if limit and value is not None and value > limit:  # as `kvplan limit` refuses it
+            problems.append(
+                error(
+                    Code.INTEGRATION,
+                    name,
+                    f"{name} ({value} bytes) is above {ENV_MEMORY_LIMIT} ({limit} bytes): "
+                    "the memory limit bounds everything mapped, cached pages and the reserve "
+                    "included.",
+                    f"set {name} to at most {ENV_MEMORY_LIMIT}, or raise {ENV_MEMORY_LIMIT}",
+                )
+            )
     poison, bad_poison = flag(env, ENV_POISON)
     if bad_poison is not None:
         problems.append(bad_poison)
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)
-    return ElasticSettings(limit, cache_limit, reserve, poison, skip, fail, retry), problems
+    capacity, tokens = _capacity(env, problems)
+    settings = ElasticSettings(
+        limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens
+    )
+    return settings, problems
+
+
+def _capacity(env: Mapping[str, str], problems: list[Diagnostic]) -> tuple[int | None, int | None]:
+    """``KVPLAN_CAPACITY``: a byte size, or a number of tokens (``65536t``, ``65536 tokens``)."""
+    raw = env.get(ENV_CAPACITY, "").strip()
+    if not raw:
+        return None, None
+    tokens = _TOKENS.fullmatch(raw)
+    if tokens:
+        if int(tokens.group(1)) > 0:
+            return None, int(tokens.group(1))
+    else:
+        size = _size(env, ENV_CAPACITY, problems)
+        if size:
+            return size, None
+        if size is None:
+            return None, None  # _size said why
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            ENV_CAPACITY,
+            f"{ENV_CAPACITY}={raw[:40]!r} reserves no KV cache.",
+            f"give a byte size per rank ({ENV_CAPACITY}=8GiB) or tokens ({ENV_CAPACITY}=65536t)",
+        )
+    )
+    return None, None
 
 
 def _seconds(
@@ -113,11 +171,9 @@ def _seconds(
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    try:
-        value = float(raw.removesuffix("s"))
-    except ValueError:
-        value = -1.0
-    if 0 <= value <= most:  # also refuses nan and inf
+    number = raw.removesuffix("s")
+    value = float(number) if _DECIMAL.fullmatch(number) else -1.0  # ASCII only, no nan/inf
+    if 0 <= value <= most:
         return value
     problems.append(
         error(
@@ -135,7 +191,7 @@ def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -
     raw = env.get(name, "").strip()
     if not raw:
         return None
-    if raw.isdigit() and 0 < int(raw) < 1 << 31:
+    if _DIGITS.fullmatch(raw) and 0 < int(raw) < 1 << 31:
         return int(raw)
     problems.append(
         error(

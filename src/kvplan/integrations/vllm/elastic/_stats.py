@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvplan.elastic.files import HEARTBEAT_SECONDS
 from kvplan.schemas.errors import KVPlanError
 
 logger = logging.getLogger("vllm.kvplan")
@@ -28,14 +32,19 @@ def engine_name(dump_dir: Path | None) -> str:
 
 class StatsReporter:
     """Writes ``<dump dir>/rank<N>.stats.json`` atomically: at bind, within
-    :data:`STATS_PERIOD_SECONDS` of a change, and when the cache closes. Snapshots and writes
-    (an fsync each) run on its own thread, off the step path."""
+    :data:`STATS_PERIOD_SECONDS` of a change, at least every
+    :data:`~kvplan.elastic.files.HEARTBEAT_SECONDS` while nothing changes (the heartbeat:
+    ``kvplan top`` calls an engine stale only when its writer stopped), and when the cache
+    closes. Snapshots and writes (an fsync each) run on its own thread, off the step path;
+    the last one also on SIGTERM/SIGINT (:func:`on_exit_signal`)."""
 
     def __init__(self, directory: Path, snapshot: Callable[[], Any]) -> None:
         self.directory = directory
         self.snapshot = snapshot
         self._dirty = threading.Event()
         self._stop = threading.Event()
+        self._lock = threading.RLock()  # re-entrant: a signal handler may write mid-write
+        self._written = 0.0
         self._write()
         self._thread = threading.Thread(target=self._run, name="kvplan-stats", daemon=True)
         self._thread.start()
@@ -46,20 +55,75 @@ class StatsReporter:
     def _write(self) -> None:
         from kvplan.elastic.files import write_stats
 
-        try:
-            write_stats(self.directory, self.snapshot())
-        except (OSError, KVPlanError) as exc:
-            logger.warning("kvplan: cannot write elastic stats: %s", exc)
+        with self._lock:
+            try:
+                write_stats(self.directory, self.snapshot())
+            except (OSError, KVPlanError) as exc:
+                logger.warning("kvplan: cannot write elastic stats: %s", exc)
+            self._written = time.monotonic()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self._dirty.wait(STATS_PERIOD_SECONDS) and not self._stop.is_set():
+            changed = self._dirty.wait(STATS_PERIOD_SECONDS)
+            if self._stop.is_set():
+                break
+            if changed:
                 self._dirty.clear()
                 self._write()
                 self._stop.wait(STATS_PERIOD_SECONDS)
+            elif time.monotonic() - self._written >= HEARTBEAT_SECONDS:
+                self._write()  # the heartbeat: same figures, a new time
 
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
         self._thread.join(timeout=2)
         self._write()
+
+
+_EXIT_HOOKS: list[Callable[[], None]] = []
+_EXIT_LOCK = threading.Lock()
+_INSTALLED: set[int] = set()
+
+
+def on_exit_signal(hook: Callable[[], None]) -> None:
+    """Run ``hook`` (a last stats snapshot) when this process gets SIGTERM or SIGINT, then
+    whatever handled the signal before (vLLM's own shutdown, Python's KeyboardInterrupt, or
+    the default action). Installed once per signal, from the main thread only (elsewhere the
+    interpreter allows no handler: the cache's close still writes the last snapshot)."""
+    with _EXIT_LOCK:
+        _EXIT_HOOKS.append(hook)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig in _INSTALLED:
+                continue
+            try:
+                signal.signal(sig, _chained(sig, signal.getsignal(sig)))
+            except (ValueError, OSError):  # not the main interpreter, or not allowed
+                continue
+            _INSTALLED.add(sig)
+
+
+def forget_exit_hook(hook: Callable[[], None]) -> None:
+    with _EXIT_LOCK:
+        if hook in _EXIT_HOOKS:
+            _EXIT_HOOKS.remove(hook)
+
+
+def _chained(sig: int, previous: Any) -> Callable[[int, Any], Any]:
+    def handler(signum: int, frame: Any) -> Any:
+        for hook in list(_EXIT_HOOKS):
+            with contextlib.suppress(Exception):  # the signal must still do what it did
+                hook()
+        if callable(previous):
+            return previous(signum, frame)
+        if previous == signal.SIG_IGN:
+            return None
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return None
+
+    return handler

@@ -20,7 +20,12 @@ from kvplan.integrations.vllm.elastic._ops import (
     geometry_digest,
 )
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
-from kvplan.integrations.vllm.elastic._stats import StatsReporter, engine_name
+from kvplan.integrations.vllm.elastic._stats import (
+    StatsReporter,
+    engine_name,
+    forget_exit_hook,
+    on_exit_signal,
+)
 from kvplan.schemas.errors import KVPlanError
 
 if TYPE_CHECKING:
@@ -40,7 +45,8 @@ class WorkerSide:
     digest: str
     backend: str
     count: Counter[str] = field(default_factory=Counter)
-    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``steps`` (with operations),
+    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``rollbacks`` (chunks a failed map
+    mapped and unmapped again: not unmaps, no block used them), ``steps`` (with operations),
     ``map_calls``."""
     seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
     """Time spent mapping (``map``) and unmapping (``unmap``)."""
@@ -77,11 +83,13 @@ class WorkerSide:
                         self.label, droppable[-1],
                     )  # fmt: skip
             before = sum(cache.mapped_chunks.values())
+            rolled = cache.rolled_back_chunks
             t0 = time.perf_counter()
             try:
                 self._map(blocks)
             except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
                 self.count["failed_maps"] += 1
+                self.count["rollbacks"] += cache.rolled_back_chunks - rolled
                 failed = MapFailed(ops.seq, blocks, exc)
             else:
                 self.count["maps"] += sum(cache.mapped_chunks.values()) - before
@@ -124,10 +132,19 @@ class WorkerSide:
             self._reporter.changed()
 
     def snapshot(self) -> Any:
-        from kvplan.elastic.files import ElasticStats
+        from kvplan.elastic.files import ElasticStats, mapped_runs
+        from kvplan.elastic.status import writer_identity
 
         cache = self.cache
+        figures = {key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES}
+        figures["floor_bytes"] = self.scheduler.get("floor_bytes") or None  # 0: not known yet
+        figures["asked_limit_bytes"] = self.scheduler.get("asked_limit_bytes")
+        runs, unit = (None, 1) if cache.closed else mapped_runs(cache.mapped_chunk_ids())
         return ElasticStats(
+            **writer_identity(),
+            plan_fingerprint=cache.plan.fingerprint,
+            mapped_runs=runs,
+            mapped_runs_unit=unit,
             engine=engine_name(self.dump_dir),
             rank=int(self.label.removeprefix("rank") or 0),
             pid=os.getpid(),
@@ -139,8 +156,11 @@ class WorkerSide:
             reserved_bytes=cache.reserved_bytes,
             mapped_bytes=0 if cache.closed else cache.mapped_bytes,
             peak_mapped_bytes=self.peak_mapped_bytes,
-            **{key: self.scheduler.get(key, 0) for key in SCHEDULER_FIGURES},
-            **{key: self.count[key] for key in ("maps", "unmaps", "failed_maps", "steps")},
+            **figures,
+            **{
+                key: self.count[key]
+                for key in ("maps", "unmaps", "failed_maps", "rollbacks", "steps")
+            },
             map_seconds=round(self.seconds["map"], 6),
             unmap_seconds=round(self.seconds["unmap"], 6),
         )
@@ -148,10 +168,24 @@ class WorkerSide:
     def start_reporting(self) -> None:
         if self.dump_dir is not None:
             self._reporter = StatsReporter(self.dump_dir, self.snapshot)
+            on_exit_signal(self.exiting)
+
+    def exiting(self) -> None:
+        """SIGTERM/SIGINT: write a ``closed`` snapshot now (if the process goes on after all,
+        the next heartbeat writes its state again)."""
+        reporter = self._reporter
+        if reporter is None or self.state == "closed":
+            return
+        state, self.state = self.state, "closed"
+        try:
+            reporter._write()
+        finally:
+            self.state = state
 
     def closed(self) -> None:
         """The cache was closed: one last snapshot."""
         self.state = "closed"
+        forget_exit_hook(self.exiting)
         if self._reporter is not None:
             self._reporter.stop()
 
@@ -182,6 +216,7 @@ def worker_side(
         "limit_bytes": limit,
         "cache_limit_bytes": cache_limit,
         "reserve_bytes": reserve,
+        "asked_limit_bytes": settings.limit,
     }
     side.touch()
     return side

@@ -154,6 +154,8 @@ class InspectResult:
     documents: list[InputDocument]
     """One per TP rank (rank 0 first)."""
     plans: list[BindingPlan]
+    request_blocks: int = 0
+    """Block ids one request of ``max_model_len`` tokens takes (rank 0; the elastic floor)."""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -361,7 +363,7 @@ def _build_error(resolved: ResolvedModel, exc: BaseException) -> KVPlanError:
 
 
 def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) -> InspectResult:
-    from kvplan.integrations.vllm.convert import capture
+    from kvplan.integrations.vllm.convert import capture, request_blocks
     from kvplan.integrations.vllm.inspect._build import (
         BuildOptions,
         collect_worker_specs,
@@ -404,6 +406,7 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
             )
         say("grouping and placing the KV cache with vLLM")
         kv_plan = plan_kv_cache(vllm_config, workers, [memory] * len(workers))
+        longest = request_blocks(kv_plan.worker_configs[0], vllm_config)
         documents = []
         for worker, config in zip(workers, kv_plan.worker_configs, strict=True):
             runner = runner_config(config, worker.shared_kv_cache_layers)
@@ -430,6 +433,7 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         max_concurrency=kv_plan.max_concurrency,
         documents=documents,
         plans=plans,
+        request_blocks=longest,
         notes=[
             f"not built: the {tower} (it holds no KV cache; vLLM skips it when serving "
             "the language model only)"

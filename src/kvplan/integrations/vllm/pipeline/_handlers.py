@@ -124,6 +124,14 @@ def v2_init(runtime: Runtime, call: Call) -> Any:
     )
 
 
+def step(runtime: Runtime, call: Call) -> Any:
+    """``Worker.execute_model``: the caches vLLM holds are still kvplan's; the mode acts
+    (elastic: unmap, then map, the step's blocks); then vLLM runs the step."""
+    runtime.check_step(getattr(call.arguments["self"], "model_runner", None))
+    runtime.mode.before_step(runtime, call)
+    return call.run()
+
+
 HANDLERS: Mapping[str, Handler] = {
     "allocate": allocate,
     "allocate/all-views": allocate_all_views,
@@ -131,5 +139,6 @@ HANDLERS: Mapping[str, Handler] = {
     "runner-entry": runner_entry,
     "v1-tensors": v1_tensors,
     "v2-init": v2_init,
+    "step": step,
 }
 """The pipeline's handlers by the names the version adapters give them."""

@@ -50,6 +50,11 @@ class Mode(Protocol):
         closes (or ``None``)."""
         ...
 
+    def before_step(self, runtime: Runtime, call: Call) -> None:
+        """A worker is about to run a step (``Worker.execute_model``, after kvplan checked the
+        caches vLLM holds)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """This mode's own settings, as ``kvplan doctor --json`` shows them."""
         ...
@@ -75,6 +80,9 @@ class EagerMode:
         return apply(plan, backend=backend, device=device, mode="eager")
 
     def attach(self, cache: BoundKVCache, owner: Any, label: str) -> Callable[[], None] | None:
+        return None
+
+    def before_step(self, runtime: Runtime, call: Call) -> None:
         return None
 
     def describe(self) -> dict[str, Any]:

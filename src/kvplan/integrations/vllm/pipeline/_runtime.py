@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvplan.integrations.vllm.pipeline import refusals
+from kvplan.integrations.vllm.pipeline import _watch, refusals
 from kvplan.integrations.vllm.pipeline._lifetime import keep, release_owner
 from kvplan.integrations.vllm.pipeline.settings import Settings
 from kvplan.schemas.errors import Findings, KVPlanError
@@ -268,6 +268,8 @@ class Runtime:
         self.vllm_version = vllm_version
         self.active = True
         self.stats: Counter[str] = Counter()
+        self._watches: dict[int, _watch.Watch] = {}
+        """Per runner (``id``): what vLLM held once it had bound kvplan's caches."""
         self._readers = dict(readers)
         self._unpatched = unpatched
 
@@ -276,9 +278,9 @@ class Runtime:
         return self._readers[qualname]
 
     def refuse(self, error: KVPlanError) -> KVPlanError:
-        """Count a refusal; return it for raising."""
+        """Count a refusal; return it for raising, led by ``KVP501`` (``refusals.led``)."""
         self.stats["refused"] += 1
-        return error
+        return refusals.led(error, self.vllm_version)
 
     # -- allocate_kv_cache ----------------------------------------------------------------
 
@@ -385,13 +387,44 @@ class Runtime:
     # -- runner-level calls ---------------------------------------------------------------
 
     def runner_entry(self, call: Call, **context: Any) -> Any:
-        """Run a runner's entry in a context (owner, ``is_profiling``); no bypass allowed."""
+        """Run a runner's entry in a context (owner, ``is_profiling``); no bypass allowed.
+        Once vLLM's runner is done binding, note what it and its layers hold (``_watch``)."""
         runner = call.target.runner or "unknown"
         with _enter(call.site, runner=runner, **context) as ctx:
             result = call.run()
         if not ctx.records:
             raise self.bypassed(call.site, runner)
+        bound = [r for r in ctx.records if r.bound is not None]
+        if bound and ctx.owner is not None:
+            record = bound[-1]
+            assert record.bound is not None
+            watch = _watch.start(record.label, runner, ctx.owner, ctx.vllm_config, record.bound)
+            self._watches[id(ctx.owner)] = watch
+            misplaced = watch.misplaced()
+            if misplaced:
+                self._rebound(watch, misplaced, "when vLLM's runner finished binding")
         return result
+
+    def check_step(self, owner: Any) -> None:
+        """A step of runner ``owner`` is about to run: are its caches still kvplan's? (At the
+        first step, then at most once every ``_watch.WATCH_PERIOD_SECONDS``.)"""
+        watch = self._watches.get(id(owner))
+        if watch is None or watch.runner is not owner:
+            return
+        now = _watch.due(watch)
+        if now is None:
+            return
+        changed = _watch.check(watch, now)
+        if changed:
+            self._rebound(watch, changed, "at a step")
+
+    def _rebound(self, watch: _watch.Watch, layers: list[str], when: str) -> None:
+        problem = _watch.rebound(watch, layers, when)
+        if self.settings.strict:
+            raise self.refuse(problem)
+        if not watch.warned:
+            watch.warned = True
+            logger.warning("kvplan: %s", problem.diagnostics[0].render())
 
     def run_checked(self, call: Call, **context: Any) -> Any:
         """Run ``call`` in a context; then demand a kvplan allocation and check vLLM's dict

@@ -9,6 +9,7 @@ the first cause, then lists every diagnostic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,15 +36,65 @@ class Where:
 # -- start-up (register) ------------------------------------------------------------------
 
 
+def _cause(problem: Diagnostic) -> str:
+    """A problem named inside a lead: code, place and what is wrong (its fix stays its own)."""
+    at = f" at {problem.location}" if problem.location else ""
+    return f"{problem.code.value}{at}: {problem.message.rstrip('.')}"
+
+
+def _fix(problem: Diagnostic) -> str:
+    """A problem's fix without its own "or unset KVPLAN_ENABLE" (the lead ends with it)."""
+    text = problem.hint.rstrip(".")
+    for tail in (f", or {DISABLE_HINT}", f"; {DISABLE_HINT}", f" or {ENV_ENABLE}"):
+        text = text.removesuffix(tail)
+    return re.sub(rf",? or unset {ENV_ENABLE}$", "", text)
+
+
 def plugin_refused(version: str, problems: list[Diagnostic]) -> KVPlanError:
-    reasons = " | ".join(p.render() for p in problems)
+    """``KVP501`` leading every start-up problem: one problem's fix, or "each below"."""
+    count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+    reasons = " | ".join(_cause(p) for p in problems)
+    fix = (
+        _fix(problems[0])
+        if len(problems) == 1 and problems[0].hint
+        else "fix each problem listed after this one"
+    )
     lead = error(
         Code.INTEGRATION,
         "kvplan.integrations.vllm.plugin",
-        f"kvplan's vLLM plugin refused to start (vLLM {version}): {reasons}",
-        f"or {DISABLE_HINT}",
+        f"kvplan's vLLM plugin refused to start (vLLM {version}): {count}{reasons}",
+        f"{fix}; or {DISABLE_HINT}",
     )
-    return KVPlanError([lead, *problems])
+    return KVPlanError([lead, *problems], led=True)
+
+
+def internal(exc: BaseException, where: str) -> Diagnostic:
+    """Something kvplan did not expect while checking its settings: still a ``KVP501``."""
+    return error(
+        Code.INTEGRATION,
+        where,
+        f"{type(exc).__name__} while checking kvplan's settings: {str(exc)[:300]}",
+        "please report this with your KVPLAN_* settings",
+    )
+
+
+def led(refusal: KVPlanError, version: str) -> KVPlanError:
+    """``refusal`` as every refusal of a running engine reads: led by ``KVP501`` naming its
+    first cause and ending with how to start vLLM without kvplan (unchanged if it already
+    does, as :func:`bind_refused`'s do)."""
+    diagnostics = refusal.diagnostics
+    first = diagnostics[0] if diagnostics else None
+    if first is not None and first.code is Code.INTEGRATION and DISABLE_HINT in (first.hint or ""):
+        return refusal
+    cause = _cause(first) if first else "no reason given"
+    fix = f"{_fix(first)}; or {DISABLE_HINT}" if first and first.hint else DISABLE_HINT
+    lead = error(
+        Code.INTEGRATION,
+        "kvplan.integrations.vllm.plugin",
+        f"kvplan refused to run this vLLM engine (vLLM {version}): {cause}",
+        fix,
+    )
+    return KVPlanError([lead, *diagnostics], led=True)
 
 
 def unsupported_version(
@@ -83,6 +134,22 @@ def target_unusable(version: str, resolved: Resolved) -> Diagnostic:
     )
 
 
+def foreign_wrapper(version: str, resolved: Resolved) -> Diagnostic:
+    """``KVP506``: another plugin wrapped a function kvplan would wrap (kvplan's wrapper would
+    replace theirs without calling it)."""
+    name, foreign = resolved.target.name, resolved.foreign
+    who = f"{foreign.name} from {foreign.module}" if foreign else "another wrapper"
+    return error(
+        Code.FOREIGN_WRAPPER,
+        name,
+        f"vLLM {version}: {name} is already wrapped by {who} (another vLLM plugin?); kvplan's "
+        "wrapper replaces the function it wraps without calling it, so that plugin's code "
+        "would silently never run.",
+        "run kvplan without that plugin (VLLM_PLUGINS lists the plugins vLLM loads), or "
+        "without kvplan: " + DISABLE_HINT,
+    )
+
+
 def backend_unavailable(backend: str, why: str) -> Diagnostic:
     return error(
         Code.INTEGRATION,
@@ -116,7 +183,7 @@ def bind_refused(diagnostics: list[Diagnostic], where: Where, version: str) -> K
         f"{where.phase}, vLLM {version}): {cause}",
         DISABLE_HINT,
     )
-    return KVPlanError([lead, *diagnostics])
+    return KVPlanError([lead, *diagnostics], led=True)
 
 
 def unexpected(exc: Exception, where: Where, version: str) -> KVPlanError:

@@ -106,11 +106,10 @@ def read_settings(
             )
         )
         mode = DEFAULT_MODE
-    raw_dir = env.get(ENV_DUMP_DIR, "").strip()
-    dump_dir = Path(raw_dir).expanduser() if raw_dir else None
+    dump_dir = directory_setting(env, ENV_DUMP_DIR, problems)
+    plan_dir = directory_setting(env, ENV_PLAN_DIR, problems)
     raw_plans = env.get(ENV_PLAN_DIR, "").strip()
-    plan_dir = Path(raw_plans).expanduser() if raw_plans else None
-    if plan_dir is not None and not plan_dir.is_dir():
+    if plan_dir is not None and not _is_dir(plan_dir):
         problems.append(
             error(
                 Code.REVIEWED_PLAN_MISSING,
@@ -122,22 +121,73 @@ def read_settings(
     return Settings(enabled, backend, mode, dump_dir, strict, plan_dir), problems
 
 
+MAX_PATH_CHARS = 4096
+"""Longer directory settings are refused (Linux's PATH_MAX)."""
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def directory_setting(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> Path | None:
+    """The directory ``env[name]`` names (``~`` expanded), or ``None`` when unset; a value that
+    is no usable path (a NUL byte, an unknown ``~user``, longer than :data:`MAX_PATH_CHARS`)
+    is a ``KVP501`` problem."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    why = None
+    if "\x00" in raw:
+        why = "it holds a NUL byte"
+    elif len(raw) > MAX_PATH_CHARS:
+        why = f"it is longer than {MAX_PATH_CHARS} characters"
+    else:
+        try:
+            return Path(raw).expanduser()
+        except (RuntimeError, KeyError, ValueError) as exc:  # ~nosuchuser
+            why = f"its home directory cannot be found ({exc})"
+    problems.append(
+        error(
+            Code.INTEGRATION,
+            name,
+            f"{name}={raw[:80]!r} is not a usable directory path: {why}.",
+            f"point {name} at a directory, or unset it",
+        )
+    )
+    return None
+
+
 def prepare_dump_dir(path: Path) -> Diagnostic | None:
-    """Create ``path`` if needed; a ``KVP501`` error if it cannot be written."""
+    """Create ``path`` if needed and prove that kvplan can write files in it (a probe file is
+    created and removed: ``/proc`` or a read-only mount passes ``os.access`` as root but
+    takes no file); a ``KVP501`` error otherwise."""
+    import tempfile
+
+    def refused(why: str) -> Diagnostic:
+        return error(
+            Code.INTEGRATION,
+            ENV_DUMP_DIR,
+            f"the dump directory {str(path)!r} {why}.",
+            f"point {ENV_DUMP_DIR} at a writable directory, or unset it",
+        )
+
     try:
         path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        strerror = getattr(exc, "strerror", None)
+        return refused(f"cannot be created ({strerror or exc})")
+    if not _is_dir(path):
+        return refused("is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvplan-probe-", dir=path)
     except OSError as exc:
-        return error(
-            Code.INTEGRATION,
-            ENV_DUMP_DIR,
-            f"cannot create the dump directory {str(path)!r}: {exc.strerror or exc}.",
-            f"point {ENV_DUMP_DIR} at a writable directory, or unset it",
-        )
-    if not os.access(path, os.W_OK):
-        return error(
-            Code.INTEGRATION,
-            ENV_DUMP_DIR,
-            f"the dump directory {str(path)!r} is not writable.",
-            f"point {ENV_DUMP_DIR} at a writable directory, or unset it",
-        )
+        return refused(f"takes no file ({exc.strerror or exc})")
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as exc:
+        return refused(f"keeps files it cannot remove ({exc.strerror or exc})")
     return None

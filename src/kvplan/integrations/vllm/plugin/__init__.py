@@ -83,9 +83,16 @@ def _activate() -> None:
 
     from kvplan.integrations.vllm.pipeline import HANDLERS, Runtime, refusals
     from kvplan.integrations.vllm.plugin._preflight import preflight
+    from kvplan.schemas.errors import KVPlanError
 
     version = str(getattr(vllm, "__version__", "unknown"))
-    found = preflight(vllm_version=version)
+    try:
+        found = preflight(vllm_version=version)
+    except KVPlanError as exc:
+        raise refusals.plugin_refused(version, exc.diagnostics) from None
+    except Exception as exc:  # whatever it is, vLLM sees kvplan's refusal, not a traceback
+        problem = refusals.internal(exc, "kvplan.integrations.vllm.plugin")
+        raise refusals.plugin_refused(version, [problem]) from exc
     settings, mode, adapter = found.settings, found.mode, found.adapter
     handlers = {**HANDLERS, **mode.handlers()}
     for resolved in found.resolved:

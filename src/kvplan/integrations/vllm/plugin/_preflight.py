@@ -91,5 +91,11 @@ def preflight(
         return found
     problems.extend(mode.check(adapter, vllm_version))
     found.resolved = [versions.resolve(t) for t in adapter.targets if mode.wraps(t)]
-    problems.extend(refusals.target_unusable(vllm_version, r) for r in found.resolved if not r.ok)
+    problems.extend(
+        refusals.foreign_wrapper(vllm_version, r)
+        if r.foreign
+        else refusals.target_unusable(vllm_version, r)
+        for r in found.resolved
+        if not r.ok
+    )
     return found

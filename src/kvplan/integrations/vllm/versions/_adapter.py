@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvplan.integrations.vllm.versions._provenance import Foreign, foreign_layer
+
 PLACEMENT = "placement"
 """``KVCacheTensor(size, layers, layer_stride, block_stride, ...)``: vLLM 0.29 and later."""
 SHARED_BY = "shared_by"
@@ -28,6 +30,9 @@ RUNNER = "runner"
 """A runner's ``initialize_kv_cache``: owner of the cache, and the ``is_profiling`` flag."""
 TENSORS = "tensors"
 """A runner-level function that allocates and aliases; vLLM's dict is checked against the plan."""
+STEP = "step"
+"""A worker's step entry (``Worker.execute_model``): the caches vLLM holds are checked against
+what kvplan bound, and a mode may act first (elastic: map and unmap)."""
 READ = "read"
 """Not patched; the handlers call it."""
 ELASTIC = "elastic"
@@ -175,6 +180,8 @@ class Resolved:
     value: Any = None
     signature: str | None = None
     problem: str | None = None
+    foreign: Foreign | None = None
+    """Set when the function is not the release's own (another plugin wrapped it first)."""
 
     @property
     def ok(self) -> bool:
@@ -248,5 +255,13 @@ def resolve(target: Target) -> Resolved:
     if missing:
         found.problem = (
             f"{target.name} no longer calls {', '.join(missing)}, which kvplan's wrapper relies on"
+        )
+        return found
+    found.foreign = foreign_layer(value, attr)
+    if found.foreign is not None:
+        found.problem = (
+            f"{target.name} is not vLLM's own function: {found.foreign.name} from "
+            f"{found.foreign.module} wraps it (another plugin?), and kvplan's wrapper would "
+            "replace it without calling it"
         )
     return found

@@ -18,6 +18,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     PLACEMENT,
     READ,
     RUNNER,
+    STEP,
     TENSORS,
     V1,
     V2,
@@ -83,9 +84,39 @@ TARGETS = (
         "vllm.v1.worker.gpu.attn_utils", "get_shared_kv_cache_layers", ("vllm_config",), READ,
         "the V2 sharing map (read, not patched)",
     ),
+    Target(
+        "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
+        STEP, "a worker's step: the KV caches vLLM holds are still kvplan's (elastic: every "
+        "rank maps the step's blocks first)", "step", None, ("execute_model",),
+    ),
 )  # fmt: skip
 
 ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older releases)
+    Target(
+        "vllm.v1.worker.gpu_worker", "request_memory",
+        ("init_snapshot", "cache_config", "external_weight_memory"), ELASTIC,
+        "elastic: the start-up free-memory guard warns instead of refusing (the KV cache "
+        "reserves address space; physical memory is the limit's or the group's)",
+        "elastic/request-memory",
+    ),
+    Target(
+        "vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", ("self",),
+        ELASTIC, "elastic: the KV reservation from a stable capacity, not free memory",
+        "elastic/capacity-gpu", None, ("kv_cache_memory_bytes",),
+    ),
+    Target(
+        "vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory", ("self",),
+        ELASTIC, "elastic: the CPU worker's KV reservation from a stable capacity "
+        "(KVPLAN_CAPACITY in the role of VLLM_CPU_KVCACHE_SPACE)",
+        "elastic/capacity-cpu", None, ("kv_cache_memory_bytes",),
+    ),
+    Target(
+        "vllm.v1.engine.core", "EngineCore._initialize_kv_caches", ("self", "vllm_config"),
+        ELASTIC, "elastic: the engine's config, so the memory limit is checked against the "
+        "floor before the KV cache is allocated and the model compiled",
+        "elastic/initialize-kv-caches", None,
+        ("generate_scheduler_kv_cache_config", "initialize_from_config"),
+    ),
     Target(
         "vllm.v1.engine.core", "generate_scheduler_kv_cache_config", ("kv_cache_configs",),
         ELASTIC, "elastic: every rank's KVCacheConfig, before the scheduler is built",
@@ -108,11 +139,6 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
         ("self", "scheduler_output", "model_runner_output"),
         ELASTIC, "elastic: a step whose maps failed preempts the requests that used them",
         "elastic/update-from-output", None, ("drop_stale_output", "num_stale_output_tokens"),
-    ),
-    Target(
-        "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
-        ELASTIC, "elastic: every rank maps the step's blocks before vLLM runs it",
-        "elastic/execute-model", None, ("execute_model",),
     ),
 )  # fmt: skip
 
