@@ -22,6 +22,7 @@ import shutil
 import socket
 import stat
 import sys
+import tempfile
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,11 +42,16 @@ def _fifo(path: Path) -> Path:
 
 
 def _socket(path: Path) -> Path:
+    """A unix socket node at ``path`` (bound at a short path, then moved: a socket's path is
+    at most 107 bytes, pytest's temporary paths may be longer)."""
+    short = Path(tempfile.mkdtemp(prefix="kvs", dir=tempfile.gettempdir())) / "s"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(str(path))
+        sock.bind(str(short))
     finally:
         sock.close()  # the node stays: opening it fails, it is never a file
+    shutil.move(str(short), path)
+    short.parent.rmdir()
     return path
 
 
