@@ -22,7 +22,7 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.cli._tables import pools_table
+from kvplan.cli._tables import pools_table, shown_rows
 from kvplan.planner import diff_plans, validate
 from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
@@ -41,6 +41,7 @@ def render_plan(plan: BindingPlan) -> None:
     """Rich tables: pools, views by group, aliases, memory summary (stdout).
 
     Every text from the document goes through :func:`cell`: never markup, never raw escapes.
+    Each table prints at most ``MAX_TABLE_ROWS`` rows and counts the rest (``--json``: all).
     """
     console = stdout_console()
     src = plan.source
@@ -51,10 +52,11 @@ def render_plan(plan: BindingPlan) -> None:
         )
     )
     console.print(pools_table(plan))
-    views = Table(title="views")
+    rows, more = shown_rows(sorted(plan.views, key=lambda v: v.group))
+    views = Table(title="views", caption=more)
     for col in ("group", "layer", "kind", "dtype", "shape", "stride", "offset"):
         views.add_column(col, justify="right" if col in ("group", "offset") else "left")
-    for v in sorted(plan.views, key=lambda v: v.group):
+    for v in rows:
         views.add_row(
             *(
                 cell(value)
@@ -63,10 +65,11 @@ def render_plan(plan: BindingPlan) -> None:
         )
     console.print(views)
     if plan.aliases:
-        aliases = Table(title="aliases (KV sharing)")
+        shown, more = shown_rows(plan.aliases)
+        aliases = Table(title="aliases (KV sharing)", caption=more)
         aliases.add_column("layer")
         aliases.add_column("reads the cache of")
-        for a in plan.aliases:
+        for a in shown:
             aliases.add_row(cell(a.layer), cell(a.target))
         console.print(aliases)
     s = plan.summary
