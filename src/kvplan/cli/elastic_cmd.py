@@ -9,6 +9,7 @@ dumping into DIR watch. Exit codes: 0 shown/written, 1 no stats files under DIR,
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ MAX_INTERVAL = 3600.0
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
-_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGT]?I?B?)?\s*", re.IGNORECASE)
+_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGTPE]?I?B?)?\s*", re.IGNORECASE | re.ASCII)
 
 
 def _directory(path: Path, option: str = "DIR") -> Path:
@@ -505,7 +506,8 @@ def _write_page(out: Path, directory: Path, rows: list[Row], now: float) -> list
                 problems.append(problem)
         views.append(EngineView(path, stats, status.status, status.age_seconds, plan, problem))
     page = elastic_page(views, title=str(directory), now=now, drawn=MAX_ENGINES_DRAWN)
-    write_text_atomic(out, page)
+    read = [path for path, _, _ in rows] + [p for p in plans if os.path.lexists(p)]
+    write_text_atomic(out, page, inputs=read)
     stderr_console().print(cell(f"wrote {out}"))
     return problems
 
@@ -514,7 +516,7 @@ def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
     from kvplan.schemas.loading import load_plan
 
     where = printable(str(path))
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link is there: refused by the read
         return warning(
             Code.STATS_PLAN_MISMATCH,
             where,
@@ -523,7 +525,7 @@ def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
             "the engine writes rank<N>.plan.json into KVPLAN_DUMP_DIR when it binds",
         )
     try:
-        return load_plan(path)
+        return load_plan(path, within=path.parent)  # regular files only, never through a link
     except KVPlanError as exc:
         first = exc.diagnostics[0]
         return warning(
@@ -541,9 +543,12 @@ MAX_ENGINES_DRAWN = 16
 
 def top_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="the engines' dump directory")],
-    interval: Annotated[
-        float, typer.Option("--interval", help="seconds between refreshes", show_default=True)
-    ] = 1.0,
+    interval_text: Annotated[
+        str,
+        typer.Option(
+            "--interval", metavar="SECONDS", help="seconds between refreshes", show_default=True
+        ),
+    ] = "1",
     once: Annotated[bool, typer.Option("--once", help="print the table once and exit")] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one snapshot as JSON and exit")
@@ -559,6 +564,7 @@ def top_command(
     ] = None,
 ) -> None:
     """Show the elastic memory of every engine and rank dumping under DIR, live (Ctrl-C quits)."""
+    interval = units.parse_number(interval_text, "--interval")
     if not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL:
         raise KVPlanError(
             error(
@@ -583,7 +589,10 @@ def top_command(
                 Text(printable(f"no rank<N>.stats.json files under {directory}")),
             )
             raise typer.Exit(EXIT_DIFFERENT)
-    if live:
+    # a diagnostic about DIR itself: the listing was cut at its bounds (or DIR cannot be
+    # listed): a refusal in every mode, live included (exit 2 after what was read)
+    refused = any(isinstance(s, Diagnostic) and path == directory for path, s in snapshot)
+    if live and not refused:
         try:
             _live(directory, interval, snapshot)
         except KeyboardInterrupt:
@@ -606,7 +615,7 @@ def top_command(
         for group in groups:
             console.print(_group_view.group_table(group, console.width))
     report(diags)
-    if not rows:
+    if not rows or refused:
         raise typer.Exit(EXIT_ERROR)
 
 
