@@ -27,9 +27,6 @@ ENV_GROUP_BUDGET = "KVPLAN_GROUP_BUDGET"
 ENV_GROUP_GUARANTEE = "KVPLAN_GROUP_GUARANTEE"
 ENV_ENGINE_NAME = "KVPLAN_ENGINE_NAME"
 
-_DIGITS = re.compile("[0-9]{1,10}")
-"""A map number: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
-_DECIMAL = re.compile("[0-9]{1,10}(?:[.][0-9]{0,9})?")
 _TOKENS = re.compile("([0-9]{1,12}) ?(?:t|tok|tokens)")
 
 CACHE_LIMIT_SHARE = 10
@@ -200,9 +197,13 @@ def _seconds(
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    number = raw.removesuffix("s")
-    value = float(number) if _DECIMAL.fullmatch(number) else -1.0  # ASCII only, no nan/inf
-    if 0 <= value <= most:
+    from kvplan.units import parse_number
+
+    try:
+        value = parse_number(raw.removesuffix("s"), name, code="KVP501")
+    except KVPlanError:
+        value = -1.0
+    if 0 <= value <= most:  # also refuses nan and inf
         return value
     problems.append(
         error(
@@ -220,8 +221,14 @@ def _map_number(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -
     raw = env.get(name, "").strip()
     if not raw:
         return None
-    if _DIGITS.fullmatch(raw) and 0 < int(raw) < 1 << 31:
-        return int(raw)
+    from kvplan.units import parse_int
+
+    try:
+        number = parse_int(raw, name, minimum=1, code="KVP501")
+    except KVPlanError:
+        number = 0
+    if 0 < number < 1 << 31:
+        return number
     problems.append(
         error(
             Code.INTEGRATION,

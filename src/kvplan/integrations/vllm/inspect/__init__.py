@@ -222,9 +222,18 @@ def _first_line(exc: BaseException) -> str:
     return line if len(line) <= 120 else line[:117] + "..."
 
 
+def _config_json(folder: Path) -> Any:
+    """A model's ``config.json`` through kvplan's one reader (a regular file, bounded size:
+    a fifo or a device named config.json is refused, never read)."""
+    from kvplan.schemas.loading import decode_text, read_bytes
+
+    path = folder / "config.json"
+    return json.loads(decode_text(read_bytes(path), str(path)))
+
+
 def _quantized(path: Path) -> bool:
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = _config_json(path)
     except (OSError, ValueError):
         return False
     text_config = config.get("text_config") or {}
@@ -261,7 +270,7 @@ def needs_remote_code(path: Path) -> bool:
     ``model_type``.
     """
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = _config_json(path)
     except (OSError, ValueError):
         return False
     auto_map = config.get("auto_map")
@@ -293,7 +302,7 @@ def check_remote_code(resolved: ResolvedModel) -> None:
     a local directory or a catalog model must already hold them.
     """
     try:
-        config = json.loads((resolved.path / "config.json").read_text())
+        config = _config_json(resolved.path)
     except (OSError, ValueError):
         return  # vLLM reports an unreadable config itself
     missing = [name for name in remote_code_files(config) if not (resolved.path / name).is_file()]

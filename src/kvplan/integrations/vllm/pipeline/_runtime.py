@@ -192,8 +192,7 @@ def dump_step(
         items.append((plan, directory / f"{stem}.plan.json"))
     for obj, path in items:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            dump(obj, path)
+            dump(obj, path, within=directory, make_dirs=True)
         except OSError as exc:
             raise refusals.dump_unwritable(path, exc) from None
 

@@ -166,7 +166,7 @@ class RefusedReleases:
 
 def version_key(version: str) -> str:
     """``0.33.0`` / ``0.33.1rc1.dev4+g1234`` → ``0.33``."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    match = re.match(r"\s*v?([0-9]+)\.([0-9]+)", version)
     return f"{match.group(1)}.{match.group(2)}" if match else version
 
 
