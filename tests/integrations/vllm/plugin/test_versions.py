@@ -46,7 +46,6 @@ def test_registry_api() -> None:
         assert all(t.handler is not None for t in each.targets if t.patched)
 
 
-
 def test_every_supported_release_replays_its_engine_core() -> None:
     """``kvplan inspect`` builds models on every release the plugin supports; what differs
     is declared (the replays run against the real releases in tests/engine/test_differential)."""
