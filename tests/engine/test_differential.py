@@ -11,6 +11,9 @@ processors through torchvision; PyPI's torchvision is a CUDA build that breaks
 shows each such model fails in vanilla vLLM there too. llama and gemma-4 run everywhere:
 where gemma-4's towers cannot be imported (0.31, 0.32), its text model (``gemma4-text``) is
 the gemma-4 case.
+
+Known kvplan bugs the suite found on a release (``ReleaseCases.known_failures``, reported,
+not yet fixed) must keep failing with the reported error; everything else must pass.
 """
 
 from __future__ import annotations
@@ -37,19 +40,19 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _junit(report: Path) -> dict[str, str]:
-    """Every test case of a junit report: ``name`` -> ``passed`` / ``failed`` / ``skipped``."""
+def _junit(report: Path) -> dict[str, tuple[str, str]]:
+    """Every test case of a junit report: name -> (``passed``/``failed``/``skipped``, text)."""
     root = ET.parse(report).getroot()
     suite = root if root.tag == "testsuite" else root[0]
     out = {}
     for case in suite.iter("testcase"):
-        status = "passed"
+        status, text = "passed", ""
         for child in case:
             if child.tag in ("failure", "error"):
-                status = "failed"
+                status, text = "failed", f"{child.get('message', '')}\n{child.text or ''}"
             elif child.tag == "skipped":
                 status = "skipped"
-        out[case.get("name", "")] = status
+        out[case.get("name", "")] = (status, text)
     return out
 
 
@@ -57,7 +60,8 @@ def _junit(report: Path) -> dict[str, str]:
 def test_differential_suite_passes_on_each_release(
     release: str, engine_python_of: EnginePython, tmp_path: Path
 ) -> None:
-    left_out = [word for word, _ in RELEASE_CASES[release].differential_left_out]
+    cases = RELEASE_CASES[release]
+    left_out = [word for word, _ in cases.differential_left_out]
     report = tmp_path / "junit.xml"
     keep = " and ".join(f"not {word}" for word in left_out) or "not nothing_left_out"
     done = subprocess.run(
@@ -70,9 +74,13 @@ def test_differential_suite_passes_on_each_release(
     lines = (done.stdout + done.stderr).splitlines()
     errors = [line for line in lines if line.startswith("E ")][:30]  # pytest's error lines
     tail = "\n".join([*errors, "...", *lines[-15:]])
-    assert done.returncode == 0, tail
+    known = {name: text for name, text, _ in cases.known_failures}
+    assert done.returncode == (1 if known else 0), tail
     ran = _junit(report)
-    assert ran and all(status == "passed" for status in ran.values()), ran
+    for name, expected in known.items():  # a known kvplan bug, still failing as reported
+        status, text = ran.pop(name, ("not run", ""))
+        assert status == "failed" and expected in text, (name, status, text[-2000:])
+    assert ran and all(status == "passed" for status, _ in ran.values()), ran
     # at least llama and gemma-4 are compared with the release's allocate_kv_cache
     compared = {n for n in ran if n.startswith("test_plan_matches_vllm_allocate_kv_cache[")}
     assert "test_plan_matches_vllm_allocate_kv_cache[llama]" in compared

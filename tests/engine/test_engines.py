@@ -95,8 +95,8 @@ def test_elastic_mode_is_refused_below_032(release: str, model: str, engine_run:
     assert f"vLLM {release}.0" in refused["error"]
     assert "served in eager mode only; elastic serving needs vLLM 0.32 or 0.33" in refused["error"]
     assert not refused["active"] and refused["stats"]["bound"] == 0
-    after = [v for v in run.variants.values() if v.get("break")]
-    assert after and all(v["stats"]["bound"] == 1 for v in after)  # started after the refusal
+    after = [run.variants[b] for b in MODEL_CASES[model].breakages]  # run after the refusal
+    assert after and all(v["active"] and v["stats"]["bound"] == 1 for v in after)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
