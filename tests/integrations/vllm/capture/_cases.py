@@ -33,6 +33,9 @@ class Case:
     tp: int = 1
     disable_hybrid: bool = False
     skip_layers: tuple[str, ...] = ()
+    text_architecture: str | None = None
+    """Build the text model alone: the config's ``text_config`` as this architecture (no
+    vision/audio towers to import: vLLM 0.31-0.32's CPU builds cannot import gemma-4's)."""
 
 
 CASES: dict[str, Case] = {
@@ -55,6 +58,9 @@ CASES: dict[str, Case] = {
     ),
     "gemma4-e2b-LBNHC": Case("google/gemma-4-E2B-it", memory=32 * MiB, layout="LBNHC"),
     "gemma4-e2b-BLHNC": Case("google/gemma-4-E2B-it", memory=32 * MiB, layout="BLHNC"),
+    "gemma4-text": Case(
+        "google/gemma-4-E2B-it", memory=32 * MiB, text_architecture="Gemma4ForCausalLM"
+    ),
     "mla-bf16": Case("deepseek-ai/DeepSeek-V2-Lite", layers=2),
     "mla-fp8": Case("deepseek-ai/DeepSeek-V2-Lite", layers=2, kv_cache_dtype="fp8"),
     "jamba-hybrid": Case("ai21labs/Jamba-v0.1", layers=8, memory=64 * MiB),
@@ -74,6 +80,8 @@ def shrunk_config(case: Case, folder: Path) -> Path:
     config = json.loads((entry.path / "config.json").read_text())
     for key in case.drop_keys:
         config.pop(key, None)
+    if case.text_architecture is not None:
+        config = {**config["text_config"], "architectures": [case.text_architecture]}
     text = config.get("text_config", config)
     if case.layers is not None:
         text["num_hidden_layers"] = case.layers

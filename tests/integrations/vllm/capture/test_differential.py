@@ -81,16 +81,18 @@ def test_fp8_is_stored_as_uint8(built: BuiltCase) -> None:
     assert spec.dtype == "uint8" and spec.kv_quant_mode.name == "FP8_PER_TENSOR"
 
 
-def test_gemma4_sharing_targets_last_layer_of_same_type(built: BuiltCase) -> None:
-    for name in ("gemma4-e2b-LBNHC", "gemma4-e2b-BLHNC"):
-        case = built(name)
-        shared = case.shared[0]
-        assert len(shared) == 20
-        targets = {int(t.split("layers.")[1].split(".")[0]) for t in shared.values()}
-        assert targets == {13, 14}
-        for layer, target in shared.items():
-            index = int(layer.split("layers.")[1].split(".")[0])
-            assert target.split("layers.")[1].startswith("14." if index % 5 == 4 else "13.")
+@pytest.mark.parametrize("name", ["gemma4-e2b-LBNHC", "gemma4-e2b-BLHNC", "gemma4-text"])
+def test_gemma4_sharing_targets_last_layer_of_same_type(name: str, built: BuiltCase) -> None:
+    case = built(name)
+    shared = case.shared[0]
+    assert len(shared) == 20
+    targets = {int(t.split("layers.")[1].split(".")[0]) for t in shared.values()}
+    assert targets == {13, 14}
+    for layer, target in shared.items():
+        index = int(layer.split("layers.")[1].split(".")[0])
+        assert target.split("layers.")[1].startswith("14." if index % 5 == 4 else "13.")
+    # the text model alone names its layers model.layers.N (no language_model. prefix)
+    assert all(layer.startswith("model.") for layer in shared) == (name == "gemma4-text")
 
 
 def test_blhnc_sharers_resolve_through_their_target(built: BuiltCase) -> None:

@@ -46,6 +46,20 @@ def test_registry_api() -> None:
         assert all(t.handler is not None for t in each.targets if t.patched)
 
 
+def test_every_supported_release_replays_its_engine_core() -> None:
+    """``kvplan inspect`` builds models on every release the plugin supports; what differs
+    is declared (the replays run against the real releases in tests/engine/test_differential)."""
+    planned = {r: a.engine_core_planning(f"{r}.0") for a in all_adapters() for r in a.releases}
+    assert list(planned) == ["0.29", "0.30", "0.31", "0.32", "0.33"]
+    assert all(p is not None for p in planned.values())
+    no_hash = [r for r, p in planned.items() if p is not None and not p.resolves_hash_block_size]
+    assert no_hash == ["0.29", "0.30", "0.31"]  # no resolve_cache_hit_alignment_tokens there
+    all_groups = [
+        r for r, p in planned.items() if p is not None and not p.block_size_of_cacheable_groups
+    ]
+    assert all_groups == ["0.29"]  # its block size is the smallest of every group's
+
+
 _V2_INIT = "init_kv_cache"
 _COMMON = (
     "vllm.v1.worker.utils.allocate_kv_cache",
@@ -124,7 +138,12 @@ def test_field_tables_of_the_older_releases() -> None:
         "KVCacheGroupSpec": {"host_resident": False, "role": "DEFAULT"},
         "KVCacheSpec": {"is_draft": False, "dcp_sharded": False, "block_stride_alignment": None},
         "AttentionSpec": {"dcp_sharded": True, "max_tp_shards": None},
-        "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
+        "MLAAttentionSpec": {
+            "topk_buffer_width": None,
+            "storage_block_size": None,
+            "cache_role": "SPARSE",
+            "is_index_group_leader": False,
+        },
         "SlidingWindowMLASpec": {"bounded_replay": False},
         "MambaSpec": {"prefill_checkpoint_alignment": None},
     }

@@ -410,8 +410,6 @@ def plan_kv_cache(
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
         get_kv_cache_capacity,
-        resolve_cache_hit_alignment_tokens,
-        resolve_kv_cache_block_sizes,
     )
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
@@ -442,21 +440,35 @@ def plan_kv_cache(
             cacheable = [
                 g.kv_cache_spec.block_size
                 for g in scheduler.kv_cache_groups
-                if g.kv_cache_spec.prefix_cacheable
+                if g.kv_cache_spec.prefix_cacheable or not planning.block_size_of_cacheable_groups
             ]
             cache_config.block_size = min(cacheable or sizes)
         vllm_config.validate_block_size()
-        block_size, hash_block_size = resolve_kv_cache_block_sizes(scheduler, vllm_config)
-        alignment = resolve_cache_hit_alignment_tokens(
-            scheduler, vllm_config, block_size, hash_block_size
-        )
-        for config in (*configs, scheduler):
-            config.hash_block_size = hash_block_size
-            config.cache_hit_alignment_tokens = alignment
+        if planning.resolves_hash_block_size:
+            _resolve_hash_block_sizes(vllm_config, scheduler, configs)
         tokens, concurrency = (
             get_kv_cache_capacity(vllm_config, scheduler) if scheduler.kv_cache_groups else (0, 0.0)
         )
     return KVCachePlan(configs, scheduler, layout.name, memory, tokens, concurrency)
+
+
+def _resolve_hash_block_sizes(
+    vllm_config: VllmConfig, scheduler: KVCacheConfig, configs: Sequence[KVCacheConfig]
+) -> None:
+    """``hash_block_size`` and ``cache_hit_alignment_tokens`` into every config (vLLM 0.32+:
+    0.29–0.31 have no ``resolve_cache_hit_alignment_tokens``)."""
+    from vllm.v1.core.kv_cache_utils import (
+        resolve_cache_hit_alignment_tokens,
+        resolve_kv_cache_block_sizes,
+    )
+
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(scheduler, vllm_config)
+    alignment = resolve_cache_hit_alignment_tokens(
+        scheduler, vllm_config, block_size, hash_block_size
+    )
+    for config in (*configs, scheduler):
+        config.hash_block_size = hash_block_size
+        config.cache_hit_alignment_tokens = alignment
 
 
 def _distinct(backends: Mapping[str, type[AttentionBackend]]) -> list[type[AttentionBackend]]:
@@ -496,7 +508,7 @@ def kernel_block_sizes(
     shared = worker.shared_kv_cache_layers
     attn_groups: list[list[AttentionGroup]] = []
     for gid, group in enumerate(runner_kv_cache_config.kv_cache_groups):
-        if not group.kv_cache_spec.has_layer_views:
+        if not getattr(group.kv_cache_spec, "has_layer_views", True):  # 0.29: every spec has
             attn_groups.append([])
             continue
         by_key: dict[tuple[Any, ...], AttentionGroup] = {}

@@ -91,6 +91,12 @@ class EngineCorePlanning:
 
     groups: Callable[[Any, list[Any]], Any]
     configs: Callable[[Any, list[Any], list[int], Any], list[Any]]
+    block_size_of_cacheable_groups: bool = True
+    """The global block size is the smallest of the prefix-cacheable groups' (all groups'
+    when none is); ``False``: of every group's (0.29)."""
+    resolves_hash_block_size: bool = True
+    """The engine core resolves ``hash_block_size`` and ``cache_hit_alignment_tokens`` into
+    every ``KVCacheConfig`` (0.32 and later); ``False``: the release's configs have neither."""
 
 
 @dataclass(frozen=True)

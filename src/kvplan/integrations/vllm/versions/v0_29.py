@@ -16,19 +16,32 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
   list it fills via ``bind_kv_cache``, no keyword-only parameters, no HiSparse branch; it
   returns the allocated dict plus the aliases of ``get_shared_kv_cache_layers``.
 - No ``vllm.v1.hisparse`` package: there is no HiSparse allocation site to refuse.
+- Engine core (``kvplan inspect``, read from 0.29's ``EngineCore._initialize_kv_caches``): as
+  0.32's -- ``get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory)`` in
+  ``kv_cache_utils`` forms the global groups itself -- except two steps: the global block
+  size is the smallest of *every* group's (0.30 and later skip groups that are not prefix
+  cacheable, such as ``CircularBufferSpec``), and nothing resolves ``hash_block_size`` /
+  ``cache_hit_alignment_tokens`` into the configs (the fields do not exist; the engine core
+  computes the hash block size for its scheduler only).
 - Fields: ``KVCacheConfig`` lacks ``hash_block_size``, ``cache_hit_alignment_tokens``,
   the ``hisparse_*`` fields and ``kv_tp_replicas``; ``KVCacheTensor`` lacks
   ``host_resident``; ``KVCacheGroupSpec`` lacks ``host_resident`` and ``role``; specs lack
   ``is_draft``, ``dcp_sharded``, ``block_stride_alignment``, ``max_tp_shards``, MLA
-  ``topk_buffer_width``, ``SlidingWindowMLASpec.bounded_replay`` and
-  ``MambaSpec.prefill_checkpoint_alignment``.
+  ``topk_buffer_width``, ``cache_role`` and ``is_index_group_leader``,
+  ``SlidingWindowMLASpec.bounded_replay`` and ``MambaSpec.prefill_checkpoint_alignment``
+  (the differential suite's MLA round trip on the 0.29 engine venv checks this list).
 """
 
 from __future__ import annotations
 
-from kvplan.integrations.vllm.versions._adapter import HISPARSE, PLACEMENT, VersionAdapter
+from kvplan.integrations.vllm.versions._adapter import (
+    HISPARSE,
+    PLACEMENT,
+    EngineCorePlanning,
+    VersionAdapter,
+)
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import retarget
+from kvplan.integrations.vllm.versions.v0_33 import _configs_0_32, _no_groups, retarget
 
 V2_INIT = (
     "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
@@ -41,6 +54,18 @@ TARGETS = retarget(
     V2_INIT,
     allocate_handler="allocate/all-views",  # 0.29's specs have no has_layer_views
 )
+
+
+# -- engine core (kvplan inspect) -----------------------------------------------------------
+
+
+ENGINE_CORE = EngineCorePlanning(
+    _no_groups,
+    _configs_0_32,  # kv_cache_utils.get_kv_cache_configs(vllm_config, specs, memory), as 0.32
+    block_size_of_cacheable_groups=False,
+    resolves_hash_block_size=False,
+)
+"""0.29's ``EngineCore._initialize_kv_caches`` (see the module docstring)."""
 
 ADAPTER = VersionAdapter(
     name="vllm-0.29",
@@ -65,10 +90,16 @@ ADAPTER = VersionAdapter(
                 "block_stride_alignment": None,
             },
             "AttentionSpec": {"dcp_sharded": True, "max_tp_shards": None},
-            "MLAAttentionSpec": {"topk_buffer_width": None, "storage_block_size": None},
+            "MLAAttentionSpec": {
+                "topk_buffer_width": None,
+                "storage_block_size": None,
+                "cache_role": "SPARSE",
+                "is_index_group_leader": False,
+            },
             "SlidingWindowMLASpec": {"bounded_replay": False},
             "MambaSpec": {"prefill_checkpoint_alignment": None},
         },
     },
+    engine_core={"0.29": ENGINE_CORE},
     notes=__doc__ or "",
 )

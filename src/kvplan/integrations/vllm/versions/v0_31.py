@@ -17,15 +17,26 @@ Compared from the released wheels' sources against 0.33 (see docs/integration.md
   (0.30 also ``kv_tp_replicas``); specs lack ``is_draft`` and MLA ``topk_buffer_width``;
   0.30's specs also lack ``dcp_sharded``, ``block_stride_alignment``, ``max_tp_shards`` and
   ``SlidingWindowMLASpec.bounded_replay``.
+- Engine core (``kvplan inspect``, read from 0.30's and 0.31's ``EngineCore.
+  _initialize_kv_caches``, identical in both): as 0.32's -- ``get_kv_cache_configs(
+  vllm_config, kv_cache_specs, available_memory)`` in ``kv_cache_utils`` forms the global
+  groups itself, and the global block size is the smallest of the prefix-cacheable groups' --
+  except that nothing resolves ``hash_block_size`` / ``cache_hit_alignment_tokens`` into the
+  configs (the fields do not exist; the engine core computes the hash block size for its
+  scheduler only, and there is no ``resolve_cache_hit_alignment_tokens``).
 - ``KpoolTailSpec`` (0.30–0.31 only) is not modelled by kvplan: a config holding one is
   refused (KVP501).
 """
 
 from __future__ import annotations
 
-from kvplan.integrations.vllm.versions._adapter import PLACEMENT, VersionAdapter
+from kvplan.integrations.vllm.versions._adapter import (
+    PLACEMENT,
+    EngineCorePlanning,
+    VersionAdapter,
+)
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import retarget
+from kvplan.integrations.vllm.versions.v0_33 import _configs_0_32, _no_groups, retarget
 
 V2_INIT = (
     "forward_context", "kv_cache_config", "device", "kernel_block_sizes", "vllm_config",
@@ -49,6 +60,11 @@ _NOT_IN_0_30: dict[str, dict[str, object]] = {
     "SlidingWindowMLASpec": {"bounded_replay": False},
 }
 
+# -- engine core (kvplan inspect) -----------------------------------------------------------
+
+ENGINE_CORE = EngineCorePlanning(_no_groups, _configs_0_32, resolves_hash_block_size=False)
+"""0.30's and 0.31's ``EngineCore._initialize_kv_caches`` (see the module docstring)."""
+
 ADAPTER = VersionAdapter(
     name="vllm-0.30-0.31",
     releases=("0.30", "0.31"),
@@ -59,5 +75,6 @@ ADAPTER = VersionAdapter(
         "KpoolTailSpec": "a 0.30–0.31 attention spec (sliding window with retained tail "
         "tokens) whose geometry kvplan does not model",
     },
+    engine_core={"0.30": ENGINE_CORE, "0.31": ENGINE_CORE},
     notes=__doc__ or "",
 )
