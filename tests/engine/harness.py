@@ -232,8 +232,15 @@ def run_engines(
     seed: int = 1234,
     gain: float = 2.0,
     timeout: float = 3600,
+    multiprocessing: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> EngineRun:
-    """Run every variant's engine in one driver process (in order); raise with the log tail."""
+    """Run every variant's engine in one driver process (in order); raise with the log tail.
+
+    ``multiprocessing``: leave ``VLLM_ENABLE_V1_MULTIPROCESSING`` at vLLM's default (the
+    engine core and the workers run in processes vLLM spawns; the model then needs real
+    weights, see ``_weights``); ``extra_env``: more variables for the driver process (e.g.
+    ``VLLM_CPU_OMP_THREADS_BIND``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job = {
         "model": str(model),
@@ -244,12 +251,16 @@ def run_engines(
         "seed": seed,
         "gain": gain,
         "variants": [v.to_json() for v in variants],
+        "multiprocessing": multiprocessing,
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job, indent=1))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
     env.pop("PYTHONPATH", None)
     env.update(ENGINE_ENV)
+    if multiprocessing:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    env.update(extra_env or {})
     started = time.perf_counter()
     try:
         done = subprocess.run(
