@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from kvplan.schemas.canonical import fingerprint
+from kvplan.schemas.loading import load_input
 from tests.engine._multiproc import (
     KV_HEADS,
     MAX_TOKENS,
@@ -100,8 +102,13 @@ def test_each_rank_plans_its_shard(tp_run: Callable[[], EngineRun], name: str, d
     inputs = [files[f"rank{r}.input.json"] for r in range(TP)]
     plans = [files[f"rank{r}.plan.json"] for r in range(TP)]
     assert [d["metadata"]["rank"] for d in inputs] == ["rank0", "rank1"]
-    # every rank holds the same shard geometry: one identical plan
-    assert plans[0] == plans[1]
+    # each plan is its rank's: its fingerprint is its own (rank-named) input's
+    for r in range(TP):
+        document = load_input(run.workdir / dump / f"rank{r}.input.json")
+        assert plans[r]["fingerprint"] == fingerprint(document)
+    # every rank holds the same shard geometry: the plans agree but for that fingerprint
+    assert plans[0]["fingerprint"] != plans[1]["fingerprint"]
+    assert {**plans[0], "fingerprint": ""} == {**plans[1], "fingerprint": ""}
     assert {d.pop("metadata")["phase"] for d in inputs} == {"serving"}
     assert inputs[0] == inputs[1]
     # the shard: half of TP=1's KV heads, half the bytes per block
