@@ -36,14 +36,19 @@ FAILED_MAP = 2
 into while decoding (the first maps the first round's prompts)."""
 FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
 STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60"}
+GLOO_TIMEOUTS = {"distributed_timeout_seconds": 60, "cpu_distributed_timeout_seconds": 60}
 """Today a failure on a rank that is not the output rank leaves the output rank waiting in
-the forward's all-reduce: vLLM gives up after this many seconds (its default: 300)."""
+the forward's all-reduce: the engine core gives up after ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``
+(default 300 s) and dies, and the output rank's worker, orphaned, keeps waiting until gloo's
+timeout (default 1800 s; it ignores SIGTERM meanwhile). Both bounded here so that the test
+fails in minutes."""
 CASES = {
     "tp1": (1, "every"),
     "tp2-every-rank": (2, "every"),
     "tp2-rank1": (2, "rank1"),
 }
 _RUNS: dict[str, EngineRun] = {}
+_FAILED: dict[str, str] = {}
 
 
 def variants(work: Path, where: str) -> list[Variant]:
@@ -67,13 +72,19 @@ def failed_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], EngineRun]:
     def get(case: str) -> EngineRun:
+        if case in _FAILED:  # one run per case: a failed one fails each of its tests
+            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[case]}")
         if case not in _RUNS:
             tp, where = CASES[case]
             work = tmp_path_factory.mktemp(f"failed-map-{case}")
-            _RUNS[case] = run_mp(
-                engine_python, llama_checkpoint, variants(work, where), work, tp=tp,
-                extra_env=STEP_TIMEOUT, timeout=900,
-            )  # fmt: skip
+            try:
+                _RUNS[case] = run_mp(
+                    engine_python, llama_checkpoint, variants(work, where), work, tp=tp,
+                    engine=GLOO_TIMEOUTS, extra_env=STEP_TIMEOUT, timeout=900,
+                )  # fmt: skip
+            except AssertionError as exc:
+                _FAILED[case] = str(exc)
+                raise
         return _RUNS[case]
 
     return get
