@@ -259,7 +259,7 @@ def run_engines(
     env.pop("PYTHONPATH", None)
     env.update(ENGINE_ENV)
     if multiprocessing:
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     env.update(extra_env or {})
     started = time.perf_counter()
     try:
