@@ -4,7 +4,7 @@ Three servers (``python -m vllm.entrypoints.openai.api_server``, one after the o
 with vLLM's default multiprocess executor: API server, engine core and worker are three
 processes) serve the tiny llama with real re-drawn weights (``_weights``), driven by the real
 ``openai`` client (``_client``) with 13 concurrent completions: four families of three
-prompts sharing two blocks each (24 tokens each), plus one long request (480 tokens) that
+prompts sharing two blocks each (24 tokens each), plus one long request (900 tokens) that
 keeps the engine busy while the limit changes.
 
 * **vanilla**: kvplan off.
@@ -24,7 +24,7 @@ a step) is the same kind of noise in both servers and, without preemption, does 
 request's tokens on this build (checked with 6 batchings of these engines: all-together,
 reversed, permuted, pairs, one at a time, at ``max_num_seqs`` 1/2/4/8). So the binding must not
 be able to preempt or to change the prefix cache: the new limit (12 MiB = 96 blocks) stays
-above all the load ever needs (~45 blocks: it binds in kvplan's ledger, so the pool's free
+above all the load ever needs (~58 blocks: it binds in kvplan's ledger, so the pool's free
 count is kvplan's, but never below what vLLM asks for), and ``KVPLAN_CACHE_LIMIT`` is the
 whole reservation, so kvplan evicts no cached block vanilla would keep. The test checks both
 preconditions on both servers (no preemption; the same prefix-cache hits, the number the
@@ -72,7 +72,7 @@ OPTIONS: dict[str, Any] = {
 PREFIX_TOKENS = 2 * BLOCK_SIZE
 FAMILIES, MEMBERS = 4, 3
 MAX_TOKENS = 24
-LONG_MAX_TOKENS = 480
+LONG_MAX_TOKENS = 900
 
 
 def _requests() -> list[dict[str, Any]]:
