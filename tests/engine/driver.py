@@ -13,7 +13,9 @@ point, from the variant's environment). What the driver patches in its own proce
 reach them, so there: the weights are a real checkpoint (``_weights``), a ``break`` or
 ``reported_map_failure`` is installed in each worker by ``_worker_hooks`` (vLLM's
 ``worker_cls``), preemptions are vLLM's own ``vllm:num_preemptions`` metric, ``idle_step`` is
-refused, and the engine is shut down before the next one starts.
+refused, and the engine is shut down before the next one starts. Each batch reaches the
+engine core whole before it schedules any of it (``generate_pinned``), so the steps are the
+in-process engine's, not a race between requests arriving and the engine core stepping.
 
 After loading, every weight is re-drawn at a realistic scale from a fixed seed (vLLM's dummy
 weights are too weak to make tokens depend on the KV cache). The result holds, per variant:
@@ -25,6 +27,7 @@ This file imports only vLLM, torch and kvplan: it runs outside the test suite's 
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import sys
@@ -223,6 +226,26 @@ def metric(llm: Any, name: str) -> float | None:
     return float(sum(getattr(m, "value", 0) for m in found))
 
 
+def generate_pinned(llm: Any, prompts: list[Any], params: Any) -> list[Any]:
+    """``llm.generate`` for a multiprocess engine, with every request queued before the
+    engine core schedules any: vLLM's own level-0 sleep pauses the scheduler (requests are
+    accepted, not run), the requests are added, and waking up -- a call on the same socket,
+    after the adds -- lets the scheduler see them all at once, as an in-process engine does."""
+    engine = llm.llm_engine
+    llm.sleep(level=0, mode="keep")
+    ids = [engine.add_request(f"pinned-{next(_PINNED)}", p, params) for p in prompts]
+    llm.wake_up(tags=["scheduling"])
+    finished: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return [finished[i] for i in ids]
+
+
+_PINNED = itertools.count()
+
+
 def shut_down(llm: Any) -> None:
     """Stop a multiprocess engine's processes (the engine core and its workers)."""
     core = getattr(llm.llm_engine, "engine_core", None)
@@ -267,7 +290,11 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     preempted = (metric(llm, "vllm:num_preemptions") or 0) if multiprocess else _PREEMPTIONS[0]
     rounds = []
     for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
-        outputs = llm.generate([prompts[i] for i in group], params, use_tqdm=False)
+        batch = [prompts[i] for i in group]
+        if multiprocess:
+            outputs = generate_pinned(llm, batch, params)
+        else:
+            outputs = llm.generate(batch, params, use_tqdm=False)
         for i, out in zip(group, outputs, strict=True):
             tokens.append((i, list(out.outputs[0].token_ids)))
             cached.append((i, int(out.num_cached_tokens or 0)))
