@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.engine import harness
+from tests.engine._models import write_model
+from tests.engine._weights import write_weights
 from tests.engine.cases import MODEL_CASES, run_model_case
 
 _HERE = Path(__file__).resolve().parent
@@ -108,3 +110,10 @@ def engine_run(
         return _RUNS[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama with real re-drawn weights (``_weights``), for engines whose workers
+    run in processes vLLM starts (the OpenAI server, the multiprocess executor)."""
+    return write_weights(engine_python, write_model("llama", tmp_path_factory.mktemp("llama")))

@@ -7,6 +7,16 @@ and optionally a ``break`` (a binding broken on purpose, test-only). Engines run
 engine with ``register``/``unregister``, except for the first kvplan engine of the process,
 which vLLM's own plugin loader (the ``vllm.general_plugins`` entry point) activates.
 
+With ``"multiprocessing": true`` in the job, vLLM's default executor runs instead: the engine
+core and every worker in processes vLLM spawns (each loads the plugin through the entry
+point, from the variant's environment). What the driver patches in its own process does not
+reach them, so there: the weights are a real checkpoint (``_weights``), a ``break`` or
+``reported_map_failure`` is installed in each worker by ``_worker_hooks`` (vLLM's
+``worker_cls``), preemptions are vLLM's own ``vllm:num_preemptions`` metric, ``idle_step`` is
+refused, and the engine is shut down before the next one starts. Each batch reaches the
+engine core whole before it schedules any of it (``generate_pinned``), so the steps are the
+in-process engine's, not a race between requests arriving and the engine core stepping.
+
 After loading, every weight is re-drawn at a realistic scale from a fixed seed (vLLM's dummy
 weights are too weak to make tokens depend on the KV cache). The result holds, per variant:
 tokens per prompt, the plugin's stats, who activated it, seconds to start and to generate.
@@ -17,6 +27,7 @@ This file imports only vLLM, torch and kvplan: it runs outside the test suite's 
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import sys
@@ -200,9 +211,56 @@ def install_reported_map_failure(on: bool) -> None:
 
 
 def _set_env(env: dict[str, str]) -> None:
-    for key in (*_KVPLAN_VARS, "KVPLAN_STRICT"):
+    for key in (*_KVPLAN_VARS, "KVPLAN_STRICT", HOOKS_ENV):
         os.environ.pop(key, None)
     os.environ.update(env)
+
+
+HOOKS_ENV = "ENGINE_TEST_HOOKS"
+"""Read by ``_worker_hooks`` in each worker process (multiprocessing jobs)."""
+
+
+def worker_hooks(variant: dict[str, Any]) -> str:
+    """The ``_worker_hooks`` names of a variant's test-only patches (multiprocessing)."""
+    hooks = [f"break={variant['break']}"] if variant.get("break") else []
+    if variant.get("reported_map_failure"):
+        hooks.append("reported-map-failure")
+    return ",".join(hooks)
+
+
+def metric(llm: Any, name: str) -> float | None:
+    """A counter of vLLM's own metrics (``disable_log_stats=False``), summed over labels."""
+    found = [m for m in llm.get_metrics() if m.name == name]
+    if not found:
+        return None
+    return float(sum(getattr(m, "value", 0) for m in found))
+
+
+def generate_pinned(llm: Any, prompts: list[Any], params: Any) -> list[Any]:
+    """``llm.generate`` for a multiprocess engine, with every request queued before the
+    engine core schedules any: vLLM's own level-0 sleep pauses the scheduler (requests are
+    accepted, not run), the requests are added, and waking up -- a call on the same socket,
+    after the adds -- lets the scheduler see them all at once, as an in-process engine does."""
+    engine = llm.llm_engine
+    llm.sleep(level=0, mode="keep")
+    ids = [engine.add_request(f"pinned-{next(_PINNED)}", p, params) for p in prompts]
+    llm.wake_up(tags=["scheduling"])
+    finished: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return [finished[i] for i in ids]
+
+
+_PINNED = itertools.count()
+
+
+def shut_down(llm: Any) -> None:
+    """Stop a multiprocess engine's processes (the engine core and its workers)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
 
 
 def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
@@ -212,6 +270,16 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     from kvplan.integrations.vllm import plugin
 
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
+    multiprocess = bool(job.get("multiprocessing"))
+    engine = {**job["engine"], **variant.get("engine", {})}
+    if multiprocess:
+        if variant.get("idle_step"):
+            raise SystemExit("driver: idle_step needs the in-process engine core")
+        hooks = ",".join(h for h in (env.get(HOOKS_ENV, ""), worker_hooks(variant)) if h)
+        if hooks:
+            env[HOOKS_ENV] = hooks
+            engine["worker_cls"] = "_worker_hooks.HookedWorker"
+        engine.setdefault("disable_log_stats", False)  # vllm:num_preemptions
     _set_env(env)
 
     def activate() -> None:
@@ -220,9 +288,9 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
             plugin.unregister()
             plugin.register()
 
-    install_break(variant.get("break"))
-    install_reported_map_failure(bool(variant.get("reported_map_failure")))
-    engine = {**job["engine"], **variant.get("engine", {})}
+    if not multiprocess:
+        install_break(variant.get("break"))
+        install_reported_map_failure(bool(variant.get("reported_map_failure")))
     if variant.get("expect_refusal"):  # the plugin may refuse as it registers, or vLLM later
 
         def start() -> Any:
@@ -239,10 +307,14 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
     tokens, cached = [], []
     started = time.perf_counter()
-    preempted = _PREEMPTIONS[0]
+    preempted = (metric(llm, "vllm:num_preemptions") or 0) if multiprocess else _PREEMPTIONS[0]
     rounds = []
     for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
-        outputs = llm.generate([prompts[i] for i in group], params, use_tqdm=False)
+        batch = [prompts[i] for i in group]
+        if multiprocess:
+            outputs = generate_pinned(llm, batch, params)
+        else:
+            outputs = llm.generate(batch, params, use_tqdm=False)
         for i, out in zip(group, outputs, strict=True):
             tokens.append((i, list(out.outputs[0].token_ids)))
             cached.append((i, int(out.num_cached_tokens or 0)))
@@ -268,9 +340,15 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         "startup_s": startup_s,
         "generate_s": generate_s,
         "rounds": rounds,
-        "preemptions": _PREEMPTIONS[0] - preempted,
+        "preemptions": (metric(llm, "vllm:num_preemptions") or 0) - preempted
+        if multiprocess
+        else _PREEMPTIONS[0] - preempted,
         "stats_files": stats_files,
+        "multiprocessing": multiprocess,
+        "driver_pid": os.getpid(),
     }
+    if multiprocess:
+        shut_down(llm)
     del llm
     gc.collect()
     install_break(None)
@@ -307,7 +385,8 @@ def main(argv: list[str]) -> int:
     job_path, result_path = argv[1], argv[2]
     with open(job_path) as handle:
         job = json.load(handle)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not job.get("multiprocessing"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     install_redraw(int(job.get("seed", 0)), float(job.get("gain", 1.0)))
     count_preemptions()
     results = []

@@ -29,9 +29,11 @@ and returns each variant's tokens, plugin stats and timings plus the process log
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -379,8 +381,15 @@ def run_engines(
     seed: int = 1234,
     gain: float = 2.0,
     timeout: float = 3600,
+    multiprocessing: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> EngineRun:
-    """Run every variant's engine in one driver process (in order); raise with the log tail."""
+    """Run every variant's engine in one driver process (in order); raise with the log tail.
+
+    ``multiprocessing``: leave ``VLLM_ENABLE_V1_MULTIPROCESSING`` at vLLM's default (the
+    engine core and the workers run in processes vLLM spawns; the model then needs real
+    weights, see ``_weights``); ``extra_env``: more variables for the driver process (e.g.
+    ``VLLM_CPU_OMP_THREADS_BIND``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job = {
         "model": str(model),
@@ -391,20 +400,28 @@ def run_engines(
         "seed": seed,
         "gain": gain,
         "variants": [v.to_json() for v in variants],
+        "multiprocessing": multiprocessing,
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job, indent=1))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
     env.pop("PYTHONPATH", None)
     env.update(ENGINE_ENV)
+    if multiprocessing:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.update(extra_env or {})
     started = time.perf_counter()
+    command = [str(python), str(DRIVER), str(job_path), str(result_path)]
     try:
-        done = subprocess.run(
-            [str(python), str(DRIVER), str(job_path), str(result_path)],
-            capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env, check=False,
-        )  # fmt: skip
-        log = (done.stdout or "") + (done.stderr or "")
-        code = done.returncode
+        if multiprocessing:
+            code, log = _run_in_session(command, env, workdir, timeout)
+        else:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env,
+                check=False,
+            )  # fmt: skip
+            log = (done.stdout or "") + (done.stderr or "")
+            code = done.returncode
     except subprocess.TimeoutExpired as exc:
         output = exc.stderr or b""
         text = output.decode(errors="replace") if isinstance(output, bytes) else output
@@ -416,6 +433,51 @@ def run_engines(
         raise AssertionError(f"engine driver failed (exit {code}) in {workdir}:\n{tail}")
     results = json.loads(result_path.read_text())["variants"]
     return EngineRun({r["name"]: r for r in results}, log, seconds, workdir)
+
+
+def _run_in_session(
+    command: list[str], env: dict[str, str], workdir: Path, timeout: float
+) -> tuple[int, str]:
+    """Run the driver in a session of its own, its output in ``workdir/driver.out``; when it
+    exits or times out, kill what is left of its session: vLLM's engine processes can outlive
+    a dead engine (a worker spinning in a collective), and would keep the test waiting."""
+    out = workdir / "driver.out"
+    with open(out, "wb") as handle:
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=workdir, env=env, start_new_session=True,
+        )  # fmt: skip
+        note = ""
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code, note = -1, f"\ntimed out after {timeout:.0f} s"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if _session_lingers(process.pid, LEFTOVER_GRACE_S):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            note += "\nharness: killed the processes the engine driver left behind"
+    return code, out.read_text(errors="replace") + note
+
+
+LEFTOVER_GRACE_S = 10.0
+"""How long the processes of a driver's session may outlive it (vLLM's resource tracker
+cleans up shared memory as it exits) before they are killed."""
+
+
+def _session_lingers(group: int, grace: float) -> bool:
+    """Whether process group ``group`` still has members after ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:

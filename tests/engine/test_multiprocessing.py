@@ -1,0 +1,85 @@
+"""vLLM's default executor configuration: ``VLLM_ENABLE_V1_MULTIPROCESSING`` left at 1.
+
+The other engine tests run the engine core in the driver's process. By default vLLM runs it in
+a process of its own, and the CPU build then runs the worker in a third one even at TP=1 (its
+platform turns the uniprocess executor into the multiprocess one, ``platforms/cpu.py``): the
+``SchedulerOutput`` carrying kvplan's elastic operations is pickled to the worker through
+vLLM's shared-memory message queue. One driver process runs vanilla, kvplan host-vmm eager and
+kvplan host-vmm elastic (unbacked memory poisoned) that way; kvplan must give vanilla's tokens,
+bind in the worker process (its dumps), and in elastic mode map and give back memory there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.engine._multiproc import (
+    MAX_TOKENS,
+    NUM_BLOCKS,
+    REQUESTS,
+    block_bytes,
+    dumped,
+    run_mp,
+)
+from tests.engine.harness import EngineRun, Variant, kvplan_env
+
+KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
+_RUN: dict[str, EngineRun] = {}
+
+
+def variants(work: Path) -> list[Variant]:
+    return [
+        Variant("host-vmm-eager", kvplan_env("host-vmm", "eager", work / "dump-eager")),
+        Variant("vanilla"),
+        Variant(
+            "host-vmm-elastic",
+            kvplan_env("host-vmm", "elastic", work / "dump-elastic", KVPLAN_POISON="1"),
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def mp_run(
+    engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[], EngineRun]:
+    def get() -> EngineRun:
+        if "run" not in _RUN:
+            work = tmp_path_factory.mktemp("mp")
+            _RUN["run"] = run_mp(engine_python, llama_checkpoint, variants(work), work)
+        return _RUN["run"]
+
+    return get
+
+
+def test_kvplan_gives_vanillas_tokens_with_the_default_executor(
+    mp_run: Callable[[], EngineRun],
+) -> None:
+    run = mp_run()
+    vanilla = run.tokens("vanilla")
+    assert len(vanilla) == REQUESTS and all(len(t) == MAX_TOKENS for t in vanilla)
+    for name in KVPLAN:
+        assert run.variants[name]["multiprocessing"]
+        assert run.tokens(name) == vanilla, name
+        assert run.variants[name]["preemptions"] == 0, name
+    assert [r["cached"] for r in run.variants["host-vmm-elastic"]["rounds"]] == [
+        r["cached"] for r in run.variants["vanilla"]["rounds"]
+    ]
+
+
+def test_the_worker_is_another_process_and_binds_there(mp_run: Callable[[], EngineRun]) -> None:
+    run = mp_run()
+    for name in KVPLAN:
+        dump = run.workdir / f"dump-{name.split('-')[-1]}"
+        files = dumped(dump)
+        assert {"rank0.input.json", "rank0.plan.json"} <= set(files), sorted(files)
+        assert files["rank0.plan.json"]["summary"]["bytes_per_block"] == block_bytes(1)
+        # the driver's own process bound nothing: the engine core and worker are vLLM's
+        assert run.variants[name]["stats"]["bound"] == 0, name
+    stats = dumped(run.workdir / "dump-elastic")["rank0.stats.json"]
+    assert stats["pid"] != run.variants["host-vmm-elastic"]["driver_pid"]
+    assert stats["num_blocks"] == NUM_BLOCKS
+    assert stats["maps"] > 0 and stats["failed_maps"] == 0
+    assert 4 * block_bytes(1) <= stats["peak_mapped_bytes"] <= stats["reserved_bytes"] // 4
