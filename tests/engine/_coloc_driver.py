@@ -274,7 +274,8 @@ def serve(
             flush(state())
             (control / f"{name}.done-{phase}").write_text(f"{time.time()}\n")
 
-    while pending or engine.has_unfinished_requests():
+    linger = bool(job.get("linger"))
+    while pending or engine.has_unfinished_requests() or (linger and not stopped):
         now = time.time()
         if now >= next_look:
             next_look = now + 0.02
@@ -291,6 +292,8 @@ def serve(
             if (control / "stop").exists():
                 stopped = True
                 break
+            if linger and (control / "end").exists():
+                linger = False
             check_done()
         while pending and pending[0]["phase"] in starts:
             r = pending[0]
@@ -352,6 +355,8 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
     recorder.install()
     recorder.install_worker()
     started = time.time()
+    if job.get("expect_refusal"):
+        return refused(job, started)
     llm, scheduler = build(job)
     recorder.watch_pool(scheduler.kv_cache_manager.block_pool)
     result: dict[str, Any] = {
@@ -366,7 +371,8 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
     (control / f"{job['name']}.ready").write_text(json.dumps({"pid": os.getpid()}) + "\n")
 
     def flush(state: dict[str, Any]) -> None:
-        write({"serve": {**result, **state, "steps": recorder.steps, "applies": recorder.applies}})
+        flushed = {"steps": recorder.steps, "applies": recorder.applies, "flushed_at": time.time()}
+        write({"serve": {**result, **state, **flushed}})
 
     served = serve(job, llm, recorder, control, flush)
     result.update(
@@ -380,6 +386,28 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
     llm.llm_engine.engine_core.shutdown()  # leaves the group before anything else runs here
     del llm, scheduler
     gc.collect()
+    return result
+
+
+def refused(job: dict[str, Any], started: float) -> dict[str, Any]:
+    """Start an engine that should refuse to start; every diagnostic of the error chain."""
+    from kvplan.schemas.errors import KVPlanError
+
+    result: dict[str, Any] = {"name": job["name"], "started": started, "refused": False}
+    try:
+        llm, _ = build(job)
+    except Exception as exc:  # the refusal under test
+        texts, seen = [], exc
+        while seen is not None:
+            if isinstance(seen, KVPlanError):
+                texts.extend(d.render() for d in seen.diagnostics)
+            else:
+                texts.append(f"{type(seen).__name__}: {seen}")
+            seen = seen.__cause__ or seen.__context__
+        result.update(refused=True, error="\n".join(texts))
+    else:
+        llm.llm_engine.engine_core.shutdown()
+    result["ended"] = time.time()
     return result
 
 

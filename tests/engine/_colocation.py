@@ -170,10 +170,14 @@ def start_engine(
     *,
     engine: dict[str, Any] | None = None,
     then_replay: bool = False,
+    linger: bool = False,
+    expect_refusal: bool = False,
     seed: int = 1234,
     gain: float = 2.0,
 ) -> Engine:
-    """Start one engine process (it serves ``requests`` as the phases open)."""
+    """Start one engine process (it serves ``requests`` as the phases open; ``linger``: then
+    it idles until ``CONTROL/end`` appears; ``expect_refusal``: it records why it could not
+    start)."""
     workdir.mkdir(parents=True, exist_ok=True)
     control.mkdir(parents=True, exist_ok=True)
     job = {
@@ -186,6 +190,8 @@ def start_engine(
         "seed": seed,
         "gain": gain,
         "then": "replay" if then_replay else None,
+        "linger": linger,
+        "expect_refusal": expect_refusal,
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job))
@@ -343,3 +349,111 @@ class Sampler:
                 },
             }
         )
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+def replay_problems(served: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+    """How vanilla's replay differs from the served run: the step-by-step schedule (which
+    requests, how many tokens each, which were preempted), then the tokens. Empty: the same."""
+    problems = list(replayed.get("mismatches", []))
+    if replayed.get("active"):
+        problems.append("kvplan's plugin was active in the vanilla replay")
+    ours, theirs = served["steps"], replayed["steps"]
+    if len(ours) != len(theirs):
+        problems.append(f"{len(ours)} steps served, {len(theirs)} replayed")
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if (a["scheduled"], a["preempted"]) != (b["scheduled"], b["preempted"]):
+            problems.append(f"step {k}: served {a['scheduled']} {a['preempted']}, replayed "
+                            f"{b['scheduled']} {b['preempted']}")  # fmt: skip
+            break
+    for rid, state in served["requests"].items():
+        other = replayed["requests"].get(rid)
+        if other is None:
+            problems.append(f"{rid}: not replayed")
+        elif other["tokens"] != state["tokens"]:
+            problems.append(f"{rid}: tokens {state['tokens']} served, {other['tokens']} replayed")
+    return problems
+
+
+def budget_bound(served: dict[str, Any]) -> bool:
+    """Whether the engine's limit (its grant) ever bound: a count it gave vLLM was smaller
+    than vLLM's own count of free blocks."""
+    return any(c < f for s in served["steps"] for c, f in zip(s["counts"], s["free"], strict=True))
+
+
+@dataclass
+class MappedLog:
+    """One engine's mapped bytes over time from its step log (``applies``): exact outside
+    the intervals in which its worker mapped or unmapped, and over them the larger of the
+    values before and after (an upper bound that is exact as soon as the change is done)."""
+
+    applies: list[list[float]]
+    start: float
+    end: float
+    """Unix seconds the process started and ended (killed: died); 0 bytes outside."""
+    known_until: float
+    """The log covers the engine up to here (a killed engine: its last flush)."""
+
+    def __post_init__(self) -> None:
+        self.applies = sorted(self.applies)
+        self._starts = [a[0] for a in self.applies]
+
+    def known(self, t: float) -> bool:
+        return t < self.start or t > self.end or t <= self.known_until
+
+    def upper(self, t: float) -> int:
+        if t < self.start or t > self.end:
+            return 0
+        import bisect
+
+        i = bisect.bisect_right(self._starts, t) - 1
+        if i < 0:
+            return int(self.applies[0][2]) if self.applies else 0
+        _, t1, before, after = self.applies[i]
+        return int(max(before, after)) if t <= t1 else int(after)
+
+    def rises(self) -> list[float]:
+        """The instants at which the upper bound can rise (where a sum can peak)."""
+        return [self.start, *(a[0] for a in self.applies)]
+
+
+def log_of(served: dict[str, Any], died: float | None = None) -> MappedLog:
+    end = died if died is not None else float(served.get("ended") or served["steps"][-1]["t"])
+    known = float(served.get("ended") or served.get("flushed_at") or 0.0)
+    return MappedLog(served["applies"], float(served["started"]), end, known or end)
+
+
+def peak_sum(logs: dict[str, MappedLog]) -> tuple[int, float, int]:
+    """The most the engines' mapped bytes summed to (by their logs), when, and at how many
+    instants it was checked (every rise of any engine where every log is known)."""
+    best, when, checked = 0, 0.0, 0
+    for log in logs.values():
+        for t in log.rises():
+            if not all(other.known(t) for other in logs.values()):
+                continue
+            checked += 1
+            total = sum(other.upper(t) for other in logs.values())
+            if total > best:
+                best, when = total, t
+    return best, when, checked
+
+
+def stats_sums(
+    stats: dict[str, list[dict[str, Any]]], logs: dict[str, MappedLog]
+) -> tuple[int, int, int]:
+    """Every stats snapshot's mapped bytes plus, at its time, the other engines' (from their
+    logs): the largest sum, the snapshots summed and those skipped (another engine's log did
+    not cover that instant: a killed engine between its last flush and its death)."""
+    best, summed, skipped = 0, 0, 0
+    for name, snaps in stats.items():
+        for snap in snaps:
+            t = float(snap["time"])
+            others = [log for other, log in logs.items() if other != name]
+            if not all(log.known(t) for log in others):
+                skipped += 1
+                continue
+            summed += 1
+            best = max(best, int(snap["mapped_bytes"]) + sum(log.upper(t) for log in others))
+    return best, summed, skipped
