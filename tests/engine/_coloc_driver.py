@@ -74,54 +74,39 @@ class Recorder:
         return len(self.steps)
 
     def install(self) -> None:
-        from vllm.v1.core.sched.scheduler import Scheduler
+        """Make this the recorder vLLM's scheduler (and kvplan's worker side) report to."""
+        _CURRENT[:] = [self]
+        if not _INSTALLED:
+            _install()
+            _INSTALLED.append(True)
 
-        schedule = Scheduler.schedule
-        preempt = Scheduler._preempt_request
+    def watch(self, scheduler: Any) -> None:
+        """Record what ``scheduler`` does each step, through attributes of the instance (the
+        class's methods, which kvplan's plugin wraps, stay as they are): its steps, its
+        preemptions and — recorded (serve) or reproduced (replay) — the free-block counts vLLM
+        takes while it schedules; counts inside ``get_new_blocks`` (its own sanity check) and
+        outside ``schedule`` (statistics) decide nothing and are left out."""
+        schedule, preempt = scheduler.schedule, scheduler._preempt_request
         recorder = self
 
-        def recorded_schedule(sched: Any, *args: Any, **kwargs: Any) -> Any:
+        def recorded_schedule(*args: Any, **kwargs: Any) -> Any:
             recorder.in_schedule = True
             recorder.counts, recorder.free, recorder.preempted = [], [], []
             try:
-                out = schedule(sched, *args, **kwargs)
+                out = schedule(*args, **kwargs)
             finally:
                 recorder.in_schedule = False
             recorder.end_step(out)
             return out
 
-        def recorded_preempt(sched: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        def recorded_preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
             recorder.preempted.append(request.request_id)
-            return preempt(sched, request, *args, **kwargs)
+            return preempt(request, *args, **kwargs)
 
-        Scheduler.schedule = recorded_schedule  # type: ignore[method-assign]
-        Scheduler._preempt_request = recorded_preempt  # type: ignore[method-assign]
-
-    def install_worker(self) -> None:
-        """Log every change of what the worker maps, with the time around it (elastic)."""
-        from kvplan.integrations.vllm.elastic import _worker
-
-        apply = getattr(_worker.WorkerSide.apply, "__coloc_original__", _worker.WorkerSide.apply)
-        recorder = self
-
-        def logged_apply(side: Any, ops: Any) -> None:
-            before, t0 = int(side.cache.mapped_bytes), time.time()
-            try:
-                apply(side, ops)
-            finally:
-                after = int(side.cache.mapped_bytes)
-                if after != before:
-                    recorder.applies.append([t0, time.time(), before, after])
-
-        logged_apply.__coloc_original__ = apply  # type: ignore[attr-defined]
-        _worker.WorkerSide.apply = logged_apply  # type: ignore[method-assign]
-
-    def watch_pool(self, pool: Any) -> None:
-        """Record (serve) or reproduce (replay) the free-block counts vLLM takes while it
-        schedules; counts inside ``get_new_blocks`` (its own sanity check) and outside
-        ``schedule`` (statistics) do not decide anything and are left out."""
+        scheduler.schedule = recorded_schedule
+        scheduler._preempt_request = recorded_preempt
+        pool = scheduler.kv_cache_manager.block_pool
         count, new_blocks = pool.get_num_free_blocks, pool.get_new_blocks
-        recorder = self
 
         def get_new_blocks(n: int) -> Any:
             recorder.in_new_blocks += 1
@@ -185,6 +170,29 @@ class Recorder:
                 entry["granted"] = int(group.granted)
                 entry["group_limit"] = int(group.effective_limit)
         self.steps.append(entry)
+
+
+_CURRENT: list[Recorder] = []
+_INSTALLED: list[bool] = []
+
+
+def _install() -> None:
+    """Wrap kvplan's ``WorkerSide.apply`` once (it reports to the current :class:`Recorder`):
+    every change of what the worker maps, with the time around it (elastic mode)."""
+    from kvplan.integrations.vllm.elastic import _worker
+
+    apply = _worker.WorkerSide.apply
+
+    def logged_apply(side: Any, ops: Any) -> None:
+        before, t0 = int(side.cache.mapped_bytes), time.time()
+        try:
+            apply(side, ops)
+        finally:
+            after = int(side.cache.mapped_bytes)
+            if after != before:
+                _CURRENT[0].applies.append([t0, time.time(), before, after])
+
+    _worker.WorkerSide.apply = logged_apply  # type: ignore[method-assign]
 
 
 def external(request_id: str) -> str:
@@ -353,12 +361,11 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
 
     recorder = Recorder()
     recorder.install()
-    recorder.install_worker()
     started = time.time()
     if job.get("expect_refusal"):
         return refused(job, started)
     llm, scheduler = build(job)
-    recorder.watch_pool(scheduler.kv_cache_manager.block_pool)
+    recorder.watch(scheduler)
     result: dict[str, Any] = {
         "name": job["name"],
         "pid": os.getpid(),
@@ -423,7 +430,7 @@ def run_replay(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
     engine_args = {**job["engine"], "num_gpu_blocks_override": int(served["num_blocks"])}
     before = driver._PREEMPTIONS[0]
     llm, scheduler = build({**job, "engine": engine_args})
-    recorder.watch_pool(scheduler.kv_cache_manager.block_pool)
+    recorder.watch(scheduler)
     replayed = replay(job, llm, recorder, served)
     result = {
         "active": plugin.is_active(),
