@@ -1,15 +1,22 @@
-"""Byte sizes as people write them: ``80GiB``, ``2M``, ``4096``; and back, ``1.50 GiB``."""
+"""Sizes and numbers as people write them: ``80GiB``, ``2M``, ``4096``, ``0.9``; and back,
+``1.50 GiB``. ASCII only: the one reader of what people type (options, ``KVPLAN_*``)."""
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
 
-_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_BINARY = {u: 1 << (10 * (i + 1)) for i, u in enumerate("KMGTPE")}
 _UNITS: dict[str, int] = {"": 1, "B": 1}
 _UNITS.update(_BINARY)
 _UNITS.update({f"{u}IB": v for u, v in _BINARY.items()})
-_UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGT")})
+_UNITS.update({f"{u}B": 1000 ** (i + 1) for i, u in enumerate("KMGTPE")})
+_SIZE = re.compile(
+    r"\s*([0-9]{1,40}(?:\.[0-9]{1,40})?|\.[0-9]{1,40})\s*([A-Za-z]{0,3})\s*", re.ASCII
+)
+"""ASCII only (``re.ASCII``: ``\\s`` is ASCII white space): ``int()`` and a Unicode ``\\d``
+also read Arabic-Indic, full-width or bold digits, and Unicode ``\\s`` takes NO-BREAK or EM
+SPACE; a size is written in ASCII."""
 
 VMM_GRANULARITY = 2 << 20
 """2 MiB: the allocation granularity of CUDA's virtual memory API on current GPUs
@@ -26,20 +33,23 @@ MAX_OPTION_BYTES = 1 << 50
 
 
 def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
-    """Bytes in ``text``: ``KiB``…``TiB`` and bare ``K``…``T`` are binary, ``KB``…``TB`` decimal.
+    """Bytes in ``text``: ``KiB``…``EiB`` and bare ``K``…``E`` are binary, ``KB``…``EB`` decimal.
 
-    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``). Anything else,
-    or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
+    The one reader of sizes people write (``--gpu-memory``, ``--chunk-size``, ``kvplan limit``,
+    the plugin's ``KVPLAN_*`` sizes). ASCII digits, letters and white space only. Anything
+    else, or a size that is not positive, raises :class:`~kvplan.schemas.errors.KVPlanError`
     ``KVP020`` at ``where`` (the option's name); a size above ``limit`` is ``KVP405``.
     """
-    from kvplan.schemas.errors import Code, KVPlanError, error
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
 
-    shown = repr(text[:40] + ("…" if len(text) > 40 else ""))
-    match = re.fullmatch(r"\s*(\d{1,40}(?:\.\d{1,40})?|\.\d{1,40})\s*([A-Za-z]{0,3})\s*", text)
+    shown = show_value(text, 44)
+    match = _SIZE.fullmatch(text)
     unit = match.group(2).upper() if match else ""
     value = int(Fraction(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
     code, hint = Code.BAD_SIZE, "write e.g. 80GiB, 2MiB or 4096 (bytes)"
-    if not match or unit not in _UNITS:
+    if not match and not text.isascii():
+        problem = f"cannot read size {shown}: sizes are written in ASCII digits and letters"
+    elif not match or unit not in _UNITS:
         problem = f"cannot read size {shown}"
     elif value <= 0:
         problem = f"size {shown} is not positive"
@@ -51,6 +61,63 @@ def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
     else:
         return value
     raise KVPlanError(error(code, where, problem, hint))
+
+
+def _ascii_number(text: str, limit: int) -> bool:
+    return text.isascii() and "_" not in text and len(text) <= limit
+
+
+def parse_int(
+    text: str, where: str = "number", *, minimum: int | None = None, code: str = "KVP406"
+) -> int:
+    """An integer people typed (``--tp 2``, ``KVPLAN_DEBUG_SKIP_MAP=3``): ASCII digits with
+    an optional sign and white space, else ``KVPlanError`` with ``code`` (``KVP406`` by
+    default, the code of a command-line value of the wrong type) at ``where``; below
+    ``minimum`` too. ``int()`` alone would read ``٣`` or ``３`` as 3 and ``1_0`` as 10, and
+    ``str.isdigit()`` accepts ``²``, which ``int()`` then refuses."""
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+    value: int | None = None
+    if _ascii_number(text, 40):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+    if value is None:
+        raise KVPlanError(
+            error(
+                Code(code),
+                where,
+                f"{show_value(text)} is not an integer written in ASCII digits.",
+                f"e.g. {where} 16" if where.startswith("-") else "write e.g. 16",
+            )
+        )
+    if minimum is not None and value < minimum:
+        raise KVPlanError(
+            error(Code(code), where, f"{value} is below {minimum}.", f"give at least {minimum}")
+        )
+    return value
+
+
+def parse_number(text: str, where: str = "number", *, code: str = "KVP406") -> float:
+    """A number people typed (``--gpu-memory-utilization 0.9``, ``--interval 0.5``): ASCII
+    only (``nan`` and ``inf`` are returned: the caller checks its range), else
+    ``KVPlanError`` with ``code`` at ``where``."""
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+    try:
+        if _ascii_number(text, 60):
+            return float(text)
+    except ValueError:
+        pass
+    raise KVPlanError(
+        error(
+            Code(code),
+            where,
+            f"{show_value(text)} is not a number written in ASCII digits.",
+            f"e.g. {where} 0.9" if where.startswith("-") else "write e.g. 0.9",
+        )
+    )
 
 
 def human_bytes(n: float) -> str:

@@ -86,7 +86,7 @@ def test_non_finite_numbers_are_kvp010(tmp_path: Path) -> None:
 def test_size_formatting_and_parsing_never_overflow() -> None:
     assert human_bytes(10**400) == "more than 10^290 TiB"
     assert human_bytes(10**20).endswith("TiB") and human_bytes(1610612736) == "1.50 GiB"
-    for text in ("9" * 400, "99999999999999999999TiB", "1" + "0" * 5000, "2PiB", "0"):
+    for text in ("9" * 400, "99999999999999999999TiB", "1" + "0" * 5000, "2QiB", "9EiB", "0"):
         with pytest.raises(KVPlanError) as raised:
             parse_size(text, "--size")
         assert raised.value.code == "KVP020" and raised.value.diagnostics[0].location == "--size"
@@ -94,10 +94,27 @@ def test_size_formatting_and_parsing_never_overflow() -> None:
         parse_size("4096TiB", "--chunk-size", limit=MAX_OPTION_BYTES)
     assert raised.value.code == "KVP405"
     assert parse_size("1.5KiB") == 1536 and parse_size("1KB") == 1000
+    assert parse_size("2PiB") == 2 << 50 and parse_size("1P") == 1 << 50
+    assert parse_size("1PB") == 10**15 and parse_size("4EiB") == 4 << 60
+
+
+def test_the_documented_size_limit_is_a_size_kvplan_reads(tmp_path: Path) -> None:
+    """docs/cli.md: sizes "above 1 PiB" give KVP405; 1 PiB itself is accepted, so PiB is a
+    unit (it used to be KVP020, an unreadable size, which contradicted the text)."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    assert "`KVP405` above 1 PiB" in docs and "`KiB`…`EiB`" in docs
+    assert parse_size("1PiB", limit=MAX_OPTION_BYTES) == MAX_OPTION_BYTES
+    for args in (
+        ["limit", str(tmp_path), "2PiB"],
+        ["limit", str(tmp_path), "1PiB", "--cache", "2P"],
+    ):
+        assert_refused(invoke(args), "KVP405")
+    assert invoke(["limit", str(tmp_path), "1PiB"]).exit_code == 0
 
 
 @pytest.mark.parametrize(
-    ("chunk", "code"), [("2PiB", "KVP020"), ("4096TiB", "KVP405"), ("9" * 30, "KVP020")]
+    ("chunk", "code"),
+    [("2PiB", "KVP405"), ("4096TiB", "KVP405"), ("2QiB", "KVP020"), ("9" * 30, "KVP020")],
 )
 def test_apply_chunk_size_is_validated(tmp_path: Path, chunk: str, code: str) -> None:
     plan = _file(tmp_path, "p.json", (GOLDEN / "plan.json").read_bytes())

@@ -371,3 +371,58 @@ def test_limit_without_engines_is_written(tmp_path: Path) -> None:
     res = run("limit", str(tmp_path), "1KiB", "--json")
     assert res.exit_code == 0
     assert json.loads(res.stdout)["engines"] == []
+
+
+# -- groups (KVPLAN_GROUP) ----------------------------------------------------------------
+
+
+def test_limit_group_creates_changes_and_refuses_a_budget_below_the_guarantees(
+    tmp_path: Path,
+) -> None:
+    from kvplan.elastic.group import GroupMember, read_snapshot
+
+    group = tmp_path / "group"
+    made = run("limit", "--group", str(group), "64MiB")
+    assert made.exit_code == 0, made.output
+    assert "budget now 64.00 MiB" in made.stdout
+    member = GroupMember.join(group, "a", floor=1 << 20, ceiling=1 << 30, guarantee=8 << 20)
+    try:
+        # a group directory is recognised without --group; --member sets a guarantee
+        res = run("limit", str(group), "--member", "a", "16MiB", "--json")
+        assert res.exit_code == 0, res.output
+        snap = json.loads(res.stdout)
+        assert snap["budget_bytes"] == 64 << 20
+        assert [m["guarantee_bytes"] for m in snap["members"]] == [16 << 20]
+        assert_refused(run("limit", str(group), "8MiB"), "KVP542")  # below Σ guarantees
+        assert read_snapshot(group).budget_bytes == 64 << 20  # unchanged
+        assert_refused(run("limit", str(group), "32MiB", "--cache", "1MiB"), "KVP406")
+    finally:
+        member.leave()
+
+
+def test_top_shows_the_group_of_its_engines_and_a_group_directory(tmp_path: Path) -> None:
+    from kvplan.elastic.group import GroupMember, set_budget
+
+    group = tmp_path / "group"
+    group.mkdir()
+    set_budget(group, 64 << 20, create=True)
+    a = GroupMember.join(group, "a", floor=1 << 20, ceiling=1 << 30, initial=4 << 20)
+    try:
+        dumps = tmp_path / "dumps" / "a"
+        dumps.mkdir(parents=True)
+        stats = make_stats(time=time.time(), group=str(group), group_member="a")
+        write_stats(dumps, stats)
+        res = run("top", str(tmp_path / "dumps"), "--json")
+        assert res.exit_code == 0, res.output
+        (row,) = json.loads(res.stdout)
+        view = row["group_view"]
+        assert view["member"] == "a" and view["budget_bytes"] == 64 << 20
+        assert view["granted_bytes"] >= 4 << 20 and view["liveness"] == "alive"
+        table = run("top", str(tmp_path / "dumps"), "--once")
+        assert table.exit_code == 0, table.output
+        assert "budget 64.00 MiB" in table.stdout and "guarantee" in table.stdout
+        alone = run("top", str(group), "--json")  # a group directory with no stats under it
+        assert alone.exit_code == 0, alone.output
+        assert [m["name"] for m in json.loads(alone.stdout)["members"]] == ["a"]
+    finally:
+        a.leave()

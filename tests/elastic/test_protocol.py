@@ -277,11 +277,13 @@ def test_default_limits() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_free_count_is_the_walk_it_shortcuts(chunk: int, seed: int) -> None:
     """Random allocations, frees, prefix hits, trims and limits on vLLM's pool: what the
-    elastic pool reports free is always what the greedy walk over the free queue admits
-    (O(1) with a uniform block cost, memoised otherwise), and vLLM can always take it."""
+    elastic pool reports free is always what the greedy walk admits — over the free queue with
+    a uniform block cost (O(1)), over the admission index's order when blocks share chunks
+    (``AdmissionIndex``, O(log n)) — and vLLM can always take it."""
     import random
 
     from kvplan.elastic.ledger import admit
+    from tests.elastic.test_admission import admit_until_one_does_not_fit, model_order
 
     rng = random.Random(seed)
     plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
@@ -296,7 +298,15 @@ def test_free_count_is_the_walk_it_shortcuts(chunk: int, seed: int) -> None:
     for step in range(200):
         side.before_schedule()
         side.ops()
-        exact = len(admit(ledger, side.free_ids(), max(0, side.headroom())))
+        headroom = max(0, side.headroom())
+        if side.index is None:
+            exact = len(admit(ledger, side.free_ids(), headroom))
+        else:
+            free = pool.free_block_queue.get_all_free_blocks()
+            cached = {b.block_id for b in free if b.block_hash is not None}
+            order = model_order(ledger, [b.block_id for b in free], cached)
+            exact = len(admit_until_one_does_not_fit(ledger, order, headroom))
+        assert (side.index is None) == (chunk == PAGE)
         count = pool.get_num_free_blocks()
         assert count == (exact if side.tight() else pool.free_block_queue.num_free_blocks)
         tight += side.tight() and 0 < count < pool.free_block_queue.num_free_blocks

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.hostile import _generators as generators
-from tests.hostile._harness import Outcome, assert_bounded, assert_refused, digest, invoke, spawn
+from tests.hostile._harness import (
+    Outcome,
+    assert_bounded,
+    assert_no_bug,
+    assert_refused,
+    digest,
+    invoke,
+    spawn,
+)
 
 CASES = generators.generate(per_source=2)
 COMMANDS = ("validate", "plan", "show")
@@ -24,6 +32,7 @@ def _write(tmp_path: Path, case: generators.Case) -> Path:
 
 def _check(case: generators.Case, outcome: Outcome, command: str) -> None:
     what = f"{command} {case.name}"
+    assert_no_bug(outcome, what)
     if case.expect == "refused":
         assert_refused(outcome, case.code, what=what)
     elif case.expect == "decided":

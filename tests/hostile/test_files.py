@@ -1,6 +1,8 @@
-"""Hostile files and output targets: missing, directory, unreadable, empty, binary, fifo;
-``-o`` into a missing directory, onto a directory, a read-only file, the input (or a link to
-it), a full disk, ``/dev/full``; concurrent writers. Inputs and previous outputs stay intact."""
+"""Hostile files and output targets: missing, directory, unreadable, empty, binary, fifo,
+device; ``-o`` into a missing directory, onto a directory, a read-only file, the input (or a
+link to it), a link, a full disk, ``/dev/full``; concurrent writers. Inputs and previous
+outputs stay intact. (``test_special_files`` and ``test_output_targets`` cross every reader
+and writer with every kind of file.)"""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ FILES = {
         "KVP014",
         lambda d: _write(d / "l.json", b" " * (loading.MAX_DOCUMENT_BYTES + 2)),
     ),
-    "endless-device": ("KVP014", lambda d: Path(os.devnull).with_name("zero")),
+    "endless-device": ("KVP022", lambda d: Path(os.devnull).with_name("zero")),
     "scalar": ("KVP004", lambda d: _write(d / "s.json", b"42")),
     "list": ("KVP004", lambda d: _write(d / "s.yaml", b"- 1\n- 2\n")),
     "two-yaml-docs": ("KVP001", lambda d: _write(d / "t.yaml", b"a: 1\n---\nb: 2\n")),
@@ -71,29 +73,35 @@ def test_hostile_file_is_refused(tmp_path: Path, doc: Path, name: str, command: 
 
 def test_unreadable_file_is_kvp002(monkeypatch: pytest.MonkeyPatch, doc: Path) -> None:
     # the suite may run as root, who reads any file: refuse at the open call instead
-    def denied(*args: object, **kwargs: object) -> object:
-        raise PermissionError(errno.EACCES, "Permission denied", str(args[0]))
+    real_open = os.open
 
-    monkeypatch.setattr(loading, "open", denied, raising=False)
+    def denied(path: object, *args: object, **kwargs: object) -> int:
+        if str(path) == str(doc):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", denied)
     outcome = invoke(["plan", str(doc)])
     assert_refused(outcome, "KVP002")
     assert "Permission denied" in outcome.stderr
 
 
-def test_fifo_is_read_with_the_size_bound(tmp_path: Path) -> None:
+def test_a_fifo_is_refused_even_with_a_writer_and_stdin_is_the_pipe(tmp_path: Path) -> None:
+    """A fifo (``<(...)``) is refused without being opened for reading, so it never blocks;
+    a pipe is read as ``-`` (standard input)."""
     fifo = tmp_path / "doc.json"
     os.mkfifo(fifo)
-
-    def feed() -> None:
-        with open(fifo, "wb") as handle:
-            handle.write(INPUT.read_bytes())
-
-    writer = threading.Thread(target=feed)
-    writer.start()
-    outcome = spawn(["plan", str(fifo)])
-    writer.join(timeout=30)
-    assert outcome.exit_code == 0, outcome.stderr
-    assert json.loads(outcome.stdout)["format"] == "kvplan.plan/1"
+    outcome = spawn(["plan", str(fifo)], seconds=20)
+    assert_refused(outcome, "KVP022")
+    assert "pass - to read standard input" in outcome.stderr
+    read, write = os.pipe()
+    os.write(write, INPUT.read_bytes())
+    os.close(write)
+    try:
+        piped = spawn(["plan", "-"], stdin=read)
+    finally:
+        os.close(read)
+    assert piped.exit_code == 0 and json.loads(piped.stdout)["format"] == "kvplan.plan/1"
 
 
 def test_stdin_is_read(doc: Path) -> None:
@@ -133,12 +141,24 @@ def test_hostile_output_target(tmp_path: Path, doc: Path, previous: Path, name: 
     assert not leftovers
 
 
-def test_output_through_a_symlink_writes_the_file_it_points_at(
-    tmp_path: Path, doc: Path, previous: Path
-) -> None:
+def test_output_through_a_symlink_is_refused(tmp_path: Path, doc: Path, previous: Path) -> None:
+    """A link where the output goes could point anywhere (a planted ``/tmp/plan.json`` ->
+    ``~/.bashrc``): kvplan never writes through one, and names the file to write instead."""
     link = _link(tmp_path / "link.json", previous)
-    assert invoke(["plan", str(doc), "-o", str(link)]).exit_code == 0
-    assert link.is_symlink() and json.loads(previous.read_text())["format"] == "kvplan.plan/1"
+    before = digest(previous)
+    outcome = invoke(["plan", str(doc), "-o", str(link)])
+    assert_refused(outcome, "KVP023")
+    assert "symbolic link" in outcome.stderr
+    assert link.is_symlink() and digest(previous) == before
+
+
+@pytest.mark.parametrize("target", ["/dev/stdout", "/dev/fd/1", "-"])
+def test_standard_output_is_not_an_output_file(tmp_path: Path, doc: Path, target: str) -> None:
+    """``-o /dev/stdout`` (a link to the terminal, a pipe or a file) and ``-o -`` are refused:
+    ``-o`` writes regular files; without it the document is printed."""
+    outcome = invoke(["plan", str(doc), "-o", target])
+    assert_refused(outcome, "KVP023")
+    assert "leave out the option to print" in outcome.stderr
 
 
 def test_full_disk_keeps_the_previous_output(

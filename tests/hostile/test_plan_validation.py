@@ -303,6 +303,58 @@ def test_apply_refuses_every_plan_validate_refuses(
         assert got is None
 
 
+@st.composite
+def degenerate_views(draw: st.DrawFn, name: str, pool_bytes: int) -> View:
+    """Views as small as a plan allows and as odd: sizes 0 and 1, strides 0, huge and
+    misaligned, offsets at and past the pool's end."""
+    nd = draw(st.integers(1, 3))
+    dtype, isz = draw(st.sampled_from([("int8", 1), ("float16", 2), ("float32", 4)]))
+    shape = [draw(st.sampled_from([0, 0, 1, 1, 2, 3, 5])) for _ in range(nd)]
+    stride = [draw(st.sampled_from([0, 1, 2, 7, 64, 1 << 40])) for _ in range(nd)]
+    offset = draw(
+        st.sampled_from([0, isz, 3, pool_bytes - isz, pool_bytes, pool_bytes + isz, 1 << 62])
+    )
+    return view(name, shape, stride, max(offset, 0), dtype=dtype)
+
+
+BACKENDS = ("meta", "torch", "host-vmm")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_apply_and_verify_agree_with_validate_on_degenerate_views(draw: st.DataObject) -> None:
+    """What validate accepts, every backend binds and verify proves; what it refuses, apply
+    refuses with the same codes: zero-sized, one-element, zero-stride, edge-of-pool views."""
+    size = draw.draw(st.sampled_from([4096, 8192]))
+    count = draw.draw(st.integers(1, 3))
+    views = [draw.draw(degenerate_views(f"v{i}", size)) for i in range(count)]
+    plan = plans.make_plan([pool(size)], views)
+    expected = codes(validate(plan, granularity=0))
+    backend = draw.draw(st.sampled_from(BACKENDS))
+    device = None if backend == "meta" else "cpu"
+    try:
+        cache = apply(plan, backend=backend, device=device)
+    except KVPlanError as exc:
+        assert {d.code for d in exc.diagnostics if d.is_error} == expected, exc
+        return
+    with cache:
+        assert not expected, f"{backend} bound a plan validate refuses: {expected}"
+        problems = verify(plan, cache.tensors, pools=cache.pools)
+        assert problems == [], [d.render() for d in problems]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_with_no_elements_binds_and_verifies(backend: str) -> None:
+    """The attack run's case: shape[0] = 0 was valid, then apply's verify failed with an
+    offset of minus the pool's address (torch reports no data pointer for empty tensors)."""
+    plan = plans.make_plan(
+        [pool(8192)], [view("a", [0, 4], [4, 1], 64), view("b", [3, 0], [4, 1], 8)]
+    )
+    assert codes(validate(plan, granularity=0)) == set()
+    with apply(plan, backend=backend, device=None if backend == "meta" else "cpu") as cache:
+        assert verify(plan, cache.tensors, pools=cache.pools) == []
+
+
 def test_views_of_one_group_overlapping_with_different_strides_are_an_error() -> None:
     # 64-byte runs every 96 bytes vs every 160 bytes: they provably share bytes
     plan = plans.make_plan(

@@ -32,12 +32,13 @@ class InspectFlags:
         str, typer.Option("--gpu-memory", help="GPU memory to plan for, e.g. 80GiB")
     ] = "80GiB"
     gpu_memory_utilization: Annotated[
-        float,
+        str,
         typer.Option(
             "--gpu-memory-utilization",
+            metavar="FRACTION",
             help="fraction of --gpu-memory for the KV cache (KV = memory x this)",
         ),
-    ] = 0.9
+    ] = "0.9"
     reserve_weights: Annotated[
         bool,
         typer.Option(
@@ -45,12 +46,13 @@ class InspectFlags:
         ),
     ] = False
     num_blocks: Annotated[
-        int | None, typer.Option("--num-blocks", help="vLLM's --num-gpu-blocks-override")
+        str | None,
+        typer.Option("--num-blocks", metavar="N", help="vLLM's --num-gpu-blocks-override"),
     ] = None
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None
+    max_model_len: Annotated[str | None, typer.Option("--max-model-len", metavar="N")] = None
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype")] = "auto"
-    block_size: Annotated[int | None, typer.Option("--block-size")] = None
-    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel size", min=1)] = 1
+    block_size: Annotated[str | None, typer.Option("--block-size", metavar="N")] = None
+    tp: Annotated[str, typer.Option("--tp", metavar="N", help="tensor-parallel size")] = "1"
     layout: Annotated[
         str | None, typer.Option("--layout", help="KV cache layout, e.g. LBNHC, BLHNC")
     ] = None
@@ -70,23 +72,34 @@ class InspectFlags:
     ] = False
 
     def options(self) -> InspectOptions:
-        """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size)."""
+        """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size,
+        ``KVP406`` for a number that is not ASCII digits). Read before vLLM is imported."""
+        gpu_memory = units.parse_size(self.gpu_memory, "--gpu-memory")
+        utilization = units.parse_number(self.gpu_memory_utilization, "--gpu-memory-utilization")
+        num_blocks = _optional_int(self.num_blocks, "--num-blocks")
+        max_model_len = _optional_int(self.max_model_len, "--max-model-len")
+        block_size = _optional_int(self.block_size, "--block-size")
+        tp = units.parse_int(self.tp, "--tp", minimum=1)
         from kvplan.integrations.vllm.inspect import InspectOptions
 
         return InspectOptions(
-            gpu_memory=units.parse_size(self.gpu_memory, "--gpu-memory"),
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            num_blocks=self.num_blocks,
-            max_model_len=self.max_model_len,
+            gpu_memory=gpu_memory,
+            gpu_memory_utilization=utilization,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
             kv_cache_dtype=self.kv_cache_dtype,
-            block_size=self.block_size,
-            tp=self.tp,
+            block_size=block_size,
+            tp=tp,
             layout=self.layout,
             disable_hybrid_kv_cache_manager=self.no_hybrid,
             attention_backend=self.attention_backend,
             reserve_weights=self.reserve_weights,
             trust_remote_code=self.trust_remote_code,
         )
+
+
+def _optional_int(text: str | None, option: str) -> int | None:
+    return None if text is None else units.parse_int(text, option)
 
 
 def with_inspect_flags(command: _F) -> _F:

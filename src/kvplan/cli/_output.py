@@ -6,6 +6,7 @@ Exit codes follow ``diff``: 0 success/same, 1 different (or drift), 2 error.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -47,31 +48,89 @@ def _stdout_failed(exc: OSError) -> KVPlanError:
     )
 
 
-class _GuardedStdout:
-    """``sys.stdout`` whose write failures (full disk, closed pipe) raise ``KVP018``."""
+def _closed(which: str) -> OSError:
+    return OSError(errno.EBADF, f"standard {which} is closed")
 
-    def __init__(self, stream: IO[str]) -> None:
+
+def _isatty(stream: IO[str] | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+class _GuardedStdout:
+    """``sys.stdout`` whose write failures (full disk, closed pipe, a closed descriptor:
+    ``sys.stdout`` is None then) raise ``KVP018``."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:
+        if self._stream is None:
+            raise _stdout_failed(_closed("output"))
         try:
             return self._stream.write(text)
-        except OSError as exc:
-            raise _stdout_failed(exc) from None
+        except (OSError, ValueError) as exc:
+            raise _stdout_failed(exc if isinstance(exc, OSError) else _closed("output")) from None
 
     def flush(self) -> None:
+        if self._stream is None:
+            raise _stdout_failed(_closed("output"))
         try:
             self._stream.flush()
-        except OSError as exc:
-            raise _stdout_failed(exc) from None
+        except (OSError, ValueError) as exc:
+            raise _stdout_failed(exc if isinstance(exc, OSError) else _closed("output")) from None
+
+    def isatty(self) -> bool:
+        return _isatty(self._stream)
 
     def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+class _QuietStderr:
+    """``sys.stderr`` for narration and diagnostics: when it cannot be written (closed, a
+    full disk) the text is dropped. There is nowhere left to report it; the exit status
+    still says what happened, and Python's own flush at exit must not fail again."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is not None:
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._drop()
+
+    def _drop(self) -> None:
+        self._stream = None
+        _silence(sys.stderr)
+
+    def isatty(self) -> bool:
+        return _isatty(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 
 def stdout_console() -> Console:
     """Console for data (tables, documents); wide when piped, so tables do not wrap."""
-    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+    width = None if _isatty(sys.stdout) or os.environ.get("COLUMNS") else PIPE_WIDTH
     return Console(
         file=_GuardedStdout(sys.stdout),  # type: ignore[arg-type]
         no_color=_no_color(),
@@ -92,8 +151,13 @@ def safe_lines(text: str) -> str:
 
 
 def stderr_console() -> Console:
-    """Console for narration, progress and errors."""
-    return Console(stderr=True, no_color=_no_color(), highlight=False, soft_wrap=True)
+    """Console for narration, progress and errors (dropped when stderr cannot be written)."""
+    return Console(
+        file=_QuietStderr(sys.stderr),  # type: ignore[arg-type]
+        no_color=_no_color(),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def print_data(text: str) -> None:
@@ -133,14 +197,21 @@ def fail(exc: KVPlanError | list[Diagnostic]) -> NoReturn:
     raise typer.Exit(EXIT_ERROR)
 
 
-def _silence_stdout() -> None:
-    """After a write to stdout failed, point it at /dev/null so exit does not retry the write."""
+def _silence(stream: IO[str] | None) -> None:
+    """After a write to ``stream`` failed, point its descriptor at /dev/null, so that
+    Python's flush at exit does not fail again (exit status 120)."""
+    if stream is None:
+        return
     with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
     with contextlib.suppress(OSError, ValueError):
-        sys.stdout.flush()
+        stream.flush()
+
+
+def _silence_stdout() -> None:
+    _silence(sys.stdout)
 
 
 TRACEBACK_ENV = "KVPLAN_TRACEBACK"

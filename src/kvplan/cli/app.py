@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from kvplan.cli import apply_cmd, doc_cmds, doctor_cmd, elastic_cmd, golden_cmd, inspect_cmd
+import kvplan.cli.apply_cmd as apply_cmd
+import kvplan.cli.doc_cmds as doc_cmds
+import kvplan.cli.doctor_cmd as doctor_cmd
+import kvplan.cli.elastic_cmd as elastic_cmd
+import kvplan.cli.golden_cmd as golden_cmd
+import kvplan.cli.inspect_cmd as inspect_cmd
 from kvplan.cli._output import EXIT_ERROR, guarded, report
 from kvplan.schemas.errors import Code, error
 

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kvplan import units
 from kvplan.cli._documents import load_document_as_plan
-from kvplan.cli._output import EXIT_ERROR, fail, guarded, print_json, report, stdout_console
+from kvplan.cli._output import EXIT_ERROR, cell, guarded, print_json, report, stdout_console
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, show_value
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
@@ -43,8 +43,8 @@ def check_backend(name: str) -> str:
 def parse_block_ranges(text: str) -> list[range]:
     """``0-3,8`` → ``[range(0, 4), range(8, 9)]``: the ranges, never the expanded list."""
     out: list[range] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        match = re.fullmatch(r"(\d{1,19})(?:-(\d{1,19}))?", part)
+    for part in filter(None, (p.strip(" \t") for p in text.split(","))):
+        match = re.fullmatch(r"([0-9]{1,19})(?:-([0-9]{1,19}))?", part)  # ASCII digits only
         if not match:
             raise KVPlanError(
                 error(
@@ -137,7 +137,7 @@ def _table(plan: BindingPlan, stats: dict[str, Any], ok: bool) -> Table:
     table.add_column("value", justify="right")
     for name, ms in stats["timings_ms"].items():
         table.add_row(f"{name} (ms)", f"{ms:.3f}")
-    table.add_row("device", str(stats["device"]))
+    table.add_row("device", cell(stats["device"]))
     table.add_row(
         "pools / views / aliases", f"{len(plan.pools)} / {len(plan.views)} / {len(plan.aliases)}"
     )
@@ -193,13 +193,10 @@ def apply_command(
     plan = load_document_as_plan(plan_path)
     bound = max([plan.source.num_blocks, *(pool.num_blocks for pool in plan.pools)])
     block_ids = parse_blocks(blocks, bound) if blocks else []
-    try:
-        run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
-        stats, diags = _run(plan, backend, device, run_mode, chunk, block_ids)
-    except KVPlanError:
-        raise
-    except Exception as exc:  # never a traceback: exit 2 with one paragraph
-        fail([error(Code.DRIVER_CALL_FAILED, "apply", f"{type(exc).__name__}: {exc}")])
+    run_mode: Mode = "elastic" if mode is ModeName.elastic else "eager"
+    # backend failures arrive as KVP402 from the executor; anything else is a kvplan bug and
+    # is reported as one (KVP019) by the error boundary, never dressed as a driver failure
+    stats, diags = _run(plan, backend, device, run_mode, chunk, block_ids)
     ok = not any(d.is_error for d in diags)
     if json_out:
         print_json(

@@ -22,19 +22,13 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.cli._tables import pools_table
+from kvplan.cli._tables import pools_table, shown_rows
 from kvplan.planner import diff_plans, validate
 from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
-from kvplan.schemas.loading import (
-    dump,
-    dumps,
-    load_any,
-    refuse_output_over_input,
-    write_text_atomic,
-)
+from kvplan.schemas.loading import check_output, dump, dumps, load_any, write_text_atomic
 from kvplan.schemas.plan import BindingPlan
-from kvplan.units import human_bytes
+from kvplan.units import human_bytes, parse_int
 
 
 class DiffFormat(StrEnum):
@@ -47,6 +41,7 @@ def render_plan(plan: BindingPlan) -> None:
     """Rich tables: pools, views by group, aliases, memory summary (stdout).
 
     Every text from the document goes through :func:`cell`: never markup, never raw escapes.
+    Each table prints at most ``MAX_TABLE_ROWS`` rows and counts the rest (``--json``: all).
     """
     console = stdout_console()
     src = plan.source
@@ -57,10 +52,11 @@ def render_plan(plan: BindingPlan) -> None:
         )
     )
     console.print(pools_table(plan))
-    views = Table(title="views")
+    rows, more = shown_rows(sorted(plan.views, key=lambda v: v.group))
+    views = Table(title="views", caption=more)
     for col in ("group", "layer", "kind", "dtype", "shape", "stride", "offset"):
         views.add_column(col, justify="right" if col in ("group", "offset") else "left")
-    for v in sorted(plan.views, key=lambda v: v.group):
+    for v in rows:
         views.add_row(
             *(
                 cell(value)
@@ -69,10 +65,11 @@ def render_plan(plan: BindingPlan) -> None:
         )
     console.print(views)
     if plan.aliases:
-        aliases = Table(title="aliases (KV sharing)")
+        shown, more = shown_rows(plan.aliases)
+        aliases = Table(title="aliases (KV sharing)", caption=more)
         aliases.add_column("layer")
         aliases.add_column("reads the cache of")
-        for a in plan.aliases:
+        for a in shown:
             aliases.add_row(cell(a.layer), cell(a.target))
         console.print(aliases)
     s = plan.summary
@@ -111,7 +108,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         virtual_capacity: Annotated[
-            int | None,
+            str | None,
             typer.Option(
                 "--virtual-capacity",
                 metavar="BYTES",
@@ -120,13 +117,16 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Plan an input document: print (or write) the canonical BindingPlan."""
-        legacy = LegacyOptions(strategy, pool_layout, virtual_capacity)
+        capacity = (
+            None if virtual_capacity is None else parse_int(virtual_capacity, "--virtual-capacity")
+        )
+        legacy = LegacyOptions(strategy, pool_layout, capacity)
         legacy.check()
         if output is not None:
-            refuse_output_over_input(output, [input_path])
+            check_output(output, inputs=[input_path])
         plan = as_plan(load_any(input_path), legacy, source=str(input_path))
         if output is not None:
-            dump(plan, output)
+            dump(plan, output, inputs=[input_path])
             stderr_console().print(cell(f"wrote {output}"))
         else:
             print_data(dumps(plan, yaml_format=yaml))
@@ -163,11 +163,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Show a plan as tables: pools, views by group, aliases, memory summary."""
+        if html is not None:
+            check_output(html, inputs=[path])
         plan = load_document_as_plan(path)
         if html is not None:
             from kvplan.render import plan_page
 
-            write_text_atomic(html, plan_page(plan, title=path.name))
+            write_text_atomic(html, plan_page(plan, title=path.name), inputs=[path])
             stderr_console().print(cell(f"wrote {html}"))
         if as_json:
             print_json(to_data(plan))
@@ -187,12 +189,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Semantic diff keyed by pool and layer; exit 0 same, 1 different, 2 error."""
+        if html is not None:
+            check_output(html, inputs=[a, b])
         plan_a, plan_b = load_document_as_plan(a), load_document_as_plan(b)
         result = diff_plans(plan_a, plan_b)
         if html is not None:
             from kvplan.render import diff_page
 
-            write_text_atomic(html, diff_page(plan_a, plan_b, (str(a), str(b))))
+            page = diff_page(plan_a, plan_b, (str(a), str(b)))
+            write_text_atomic(html, page, inputs=[a, b])
             stderr_console().print(cell(f"wrote {html}"))
         text = {
             DiffFormat.text: result.to_text,

@@ -27,13 +27,17 @@ def _typed(report: Report, name: str, value: object) -> str:
 
 
 def _render(report: Report) -> None:
+    """The report, every line escaped: settings come from the environment (``KVPLAN_*``)."""
     console = stdout_console()
 
+    def out(text: str) -> None:
+        console.print(printable(text), markup=False, highlight=False)
+
     def line(label: str, value: str) -> None:
-        console.print(f"  {label:<15} {printable(value)}", markup=False)
+        out(f"  {label:<15} {value}")
 
     settings = report.settings
-    console.print("kvplan doctor", markup=False)
+    out("kvplan doctor")
     line("kvplan", report.kvplan_version)
     line("supports", f"vLLM {report.supported}")
     if report.vllm_version is not None:
@@ -72,30 +76,27 @@ def _render(report: Report) -> None:
         )
         line("elastic floor", f"{floor['floor_bytes']} bytes for {floor['model']} ({checked})")
     if report.backends:
-        console.print("backends (KVPLAN_BACKEND; * = configured)", markup=False)
+        out("backends (KVPLAN_BACKEND; * = configured)")
         width = max(len(row["name"]) for row in report.backends)
         for row in report.backends:
             mark = "*" if row["name"] == settings["backend"] else " "
             state = "ok " if row["available"] else "N/A"
             devices = "/".join(row["devices"]) or "any device"
             modes = "eager, elastic" if row["elastic"] else "eager"
-            console.print(
-                f"  {mark} {row['name']:<{width}} {state} {devices}; {modes}; {row['detail']}",
-                markup=False,
-            )
+            out(f"  {mark} {row['name']:<{width}} {state} {devices}; {modes}; {row['detail']}")
     if report.targets:
-        console.print(f"patch targets ({report.target_table} adapter)", markup=False)
+        out(f"patch targets ({report.target_table} adapter)")
         for row in report.targets:
             mark = "ok " if row["ok"] else "BAD"
             verb = "patch" if row["patched"] else "read "
-            console.print(f"  {mark} {verb} {row['target']}{row['expected']}", markup=False)
+            out(f"  {mark} {verb} {row['target']}{row['expected']}")
             if not row["ok"]:
-                console.print(f"          {printable(str(row['problem']))}", markup=False)
+                out(f"          {row['problem']}")
     if report.problems:
-        console.print("problems", markup=False)
+        out("problems")
         for problem in report.problems:
-            console.print(f"  {problem.render()}", markup=False)
-    console.print(f"verdict: {report.verdict}", markup=False)
+            out(f"  {problem.render()}")
+    out(f"verdict: {report.verdict}")
 
 
 def register(app: typer.Typer) -> None:

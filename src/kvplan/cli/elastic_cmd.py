@@ -9,6 +9,7 @@ dumping into DIR watch. Exit codes: 0 shown/written, 1 no stats files under DIR,
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
+from kvplan.cli import _group_view
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -48,7 +50,7 @@ MAX_INTERVAL = 3600.0
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
-_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGT]?I?B?)?\s*", re.IGNORECASE)
+_ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGTPE]?I?B?)?\s*", re.IGNORECASE | re.ASCII)
 
 
 def _directory(path: Path, option: str = "DIR") -> Path:
@@ -98,12 +100,28 @@ def limit_command(
     json_out: Annotated[
         bool, typer.Option("--json", help="print what was written and each engine's floor")
     ] = False,
+    group: Annotated[
+        bool,
+        typer.Option(
+            "--group",
+            help="DIR is a group of engines (KVPLAN_GROUP): set its one budget (creating the "
+            "group if it has none yet), or with --member a member's guarantee",
+        ),
+    ] = False,
+    member: Annotated[
+        str | None,
+        typer.Option("--member", metavar="NAME", help="with --group: set NAME's guarantee"),
+    ] = None,
 ) -> None:
-    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json).
+    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json),
+    or of a group of engines (--group DIR, or DIR a group directory).
 
     Exit 0 written; 1 written, but below the floor of an engine dumping into DIR (that engine
     raises it to its floor); 2 an error (nothing written)."""
     limit = parse_limit_size(size, "SIZE")
+    if group or member is not None or _group_view.is_group(directory):
+        _limit_group(directory, limit, member, cache, json_out)
+        return
     cache_limit = parse_limit_size(cache, "--cache", zero_ok=True) if cache is not None else None
     if cache_limit is not None and cache_limit > limit:
         raise KVPlanError(
@@ -167,6 +185,29 @@ def limit_command(
     )
     if below:
         raise typer.Exit(EXIT_DIFFERENT)
+
+
+def _limit_group(
+    directory: Path, size: int, member: str | None, cache: str | None, json_out: bool
+) -> None:
+    if cache is not None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "--cache",
+                "a group has one budget for its members' mapped bytes; each member keeps its "
+                "own cache limit (its dump directory's limit.json).",
+                "drop --cache, or run kvplan limit on the member's dump directory",
+            )
+        )
+    if not directory.exists():
+        directory.mkdir(parents=True)
+    _directory(directory)
+    after, said = _group_view.change(directory, size, member)
+    if json_out:
+        print_json(after.model_dump(mode="json"))
+    else:
+        stdout_console().print(Text(printable(said)))
 
 
 def _bytes(n: int) -> str:
@@ -369,10 +410,23 @@ def _view(snapshot: Snapshot, directory: Path, now: float, width: int) -> Render
     return Group(*parts)
 
 
-def _json(rows: list[Row]) -> list[dict[str, Any]]:
+def _groups_of(rows: list[Row], directory: Path) -> tuple[list[Any], list[Diagnostic]]:
+    """The groups DIR is or its engines name (``KVPLAN_GROUP``), each read once."""
+    named = [Path(s.group) for _, s, _ in rows if s.group]
+    if _group_view.is_group(directory):
+        named.insert(0, directory)
+    return _group_view.snapshots(named)
+
+
+def _json(rows: list[Row], groups: list[Any] | None = None) -> list[dict[str, Any]]:
+    by_dir = {g.directory: g for g in groups or []}
     out = []
     for path, s, status in rows:
         row: dict[str, Any] = {"path": str(path), **s.model_dump(mode="json")}
+        group = by_dir.get(str(Path(s.group))) if s.group else None
+        row["group_view"] = (
+            _group_view.member_view(group, s.group_member or "") if group is not None else None
+        )
         row["age_seconds"] = round(status.age_seconds, 3)
         row["status"] = status.status
         row["alive"] = status.alive
@@ -452,7 +506,8 @@ def _write_page(out: Path, directory: Path, rows: list[Row], now: float) -> list
                 problems.append(problem)
         views.append(EngineView(path, stats, status.status, status.age_seconds, plan, problem))
     page = elastic_page(views, title=str(directory), now=now, drawn=MAX_ENGINES_DRAWN)
-    write_text_atomic(out, page)
+    read = [path for path, _, _ in rows] + [p for p in plans if os.path.lexists(p)]
+    write_text_atomic(out, page, inputs=read)
     stderr_console().print(cell(f"wrote {out}"))
     return problems
 
@@ -461,7 +516,7 @@ def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
     from kvplan.schemas.loading import load_plan
 
     where = printable(str(path))
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link is there: refused by the read
         return warning(
             Code.STATS_PLAN_MISMATCH,
             where,
@@ -470,7 +525,7 @@ def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
             "the engine writes rank<N>.plan.json into KVPLAN_DUMP_DIR when it binds",
         )
     try:
-        return load_plan(path)
+        return load_plan(path, within=path.parent)  # regular files only, never through a link
     except KVPlanError as exc:
         first = exc.diagnostics[0]
         return warning(
@@ -488,9 +543,12 @@ MAX_ENGINES_DRAWN = 16
 
 def top_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="the engines' dump directory")],
-    interval: Annotated[
-        float, typer.Option("--interval", help="seconds between refreshes", show_default=True)
-    ] = 1.0,
+    interval_text: Annotated[
+        str,
+        typer.Option(
+            "--interval", metavar="SECONDS", help="seconds between refreshes", show_default=True
+        ),
+    ] = "1",
     once: Annotated[bool, typer.Option("--once", help="print the table once and exit")] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one snapshot as JSON and exit")
@@ -506,6 +564,7 @@ def top_command(
     ] = None,
 ) -> None:
     """Show the elastic memory of every engine and rank dumping under DIR, live (Ctrl-C quits)."""
+    interval = units.parse_number(interval_text, "--interval")
     if not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL:
         raise KVPlanError(
             error(
@@ -519,6 +578,9 @@ def top_command(
     _directory(directory)
     snapshot = read_stats_tree(directory)
     live = not (json_out or once or html is not None)
+    if not snapshot and _group_view.is_group(directory):
+        _show_groups(directory, json_out)
+        return
     if not snapshot:
         if live:
             snapshot = _wait_for_stats(directory, interval)
@@ -527,7 +589,10 @@ def top_command(
                 Text(printable(f"no rank<N>.stats.json files under {directory}")),
             )
             raise typer.Exit(EXIT_DIFFERENT)
-    if live:
+    # a diagnostic about DIR itself: the listing was cut at its bounds (or DIR cannot be
+    # listed): a refusal in every mode, live included (exit 2 after what was read)
+    refused = any(isinstance(s, Diagnostic) and path == directory for path, s in snapshot)
+    if live and not refused:
         try:
             _live(directory, interval, snapshot)
         except KeyboardInterrupt:
@@ -535,18 +600,34 @@ def top_command(
         return
     now = time.time()
     rows, diags = _split(snapshot, now)
+    groups, group_problems = _groups_of(rows, directory)
+    diags = [*diags, *group_problems]
     if html is not None and rows:
         diags = [*diags, *_write_page(html, directory, rows, now)]
     if json_out:
-        print_json(_json(rows))
+        print_json(_json(rows, groups))
     else:
         console = stdout_console()
         table, dropped = _table(rows, directory, console.width)
         console.print(table)
         for line in _notes(rows, dropped):
             console.print(line, soft_wrap=False)
+        for group in groups:
+            console.print(_group_view.group_table(group, console.width))
     report(diags)
-    if not rows:
+    if not rows or refused:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _show_groups(directory: Path, json_out: bool) -> None:
+    groups, problems = _group_view.snapshots([directory])
+    if json_out and groups:
+        print_json(groups[0].model_dump(mode="json"))
+    elif groups:
+        console = stdout_console()
+        console.print(_group_view.group_table(groups[0], console.width))
+    report(problems)
+    if not groups:
         raise typer.Exit(EXIT_ERROR)
 
 

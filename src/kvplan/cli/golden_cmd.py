@@ -9,6 +9,7 @@ model could not be regenerated.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -20,11 +21,12 @@ from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
     print_data,
+    safe_lines,
     stderr_console,
 )
 from kvplan.schemas.canonical import to_data
-from kvplan.schemas.errors import Code, KVPlanError, error
-from kvplan.schemas.loading import write_text_atomic
+from kvplan.schemas.errors import Code, KVPlanError, error, printable
+from kvplan.schemas.loading import check_output, dump, write_text_atomic
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.inspect import InspectOptions
@@ -51,12 +53,24 @@ class Outcome:
 
 
 def golden_dirs(root: Path) -> list[Path]:
-    """Every ``<model>`` folder of ``root`` holding an ``input.json``, sorted."""
-    if (root / INPUT_NAME).is_file():
+    """Every ``<model>`` entry of ``root`` with an ``input.json`` of any kind, sorted (a
+    link, a fifo or a linked folder is listed, and refused when it is read); ``root``
+    itself when it holds one. ``KVP002`` no such directory, ``KVP024`` no model in it."""
+    if os.path.lexists(root / INPUT_NAME):
         return [root]
     if not root.is_dir():
         raise KVPlanError(error(Code.UNREADABLE, str(root), "no such golden directory."))
-    return sorted(child for child in root.iterdir() if (child / INPUT_NAME).is_file())
+    found = sorted(child for child in root.iterdir() if os.path.lexists(child / INPUT_NAME))
+    if not found:
+        raise KVPlanError(
+            error(
+                Code.NOTHING_TO_CHECK,
+                str(root),
+                f"no golden model in this directory (no <model>/{INPUT_NAME}): nothing to check.",
+                "pass the golden directory itself; add models with kvplan golden add",
+            )
+        )
+    return found
 
 
 def options_of(document: InputDocument) -> tuple[str, InspectOptions, int]:
@@ -79,20 +93,24 @@ def options_of(document: InputDocument) -> tuple[str, InspectOptions, int]:
     return str(meta["model"]), options, int(meta.get("tp_rank", 0))
 
 
-def regenerate(folder: Path, input_only: bool, require_plan: bool = True) -> Outcome:
+def regenerate(
+    folder: Path, input_only: bool, require_plan: bool = True, *, root: Path | None = None
+) -> Outcome:
     """Load the stored pair and regenerate the plan (through vLLM unless ``input_only``).
 
     A missing ``plan.json`` is an error (``KVP002``) unless ``require_plan`` is false (update).
+    Both files are read below ``root`` (default: ``folder``) without following a link.
     """
     from kvplan.planner import diff_plans, plan
     from kvplan.schemas.loading import load_input, load_plan
 
+    root = folder if root is None else root
     outcome = Outcome(name=folder.name)
     try:
-        stored_input = load_input(folder / INPUT_NAME)
+        stored_input = load_input(folder / INPUT_NAME, within=root)
         plan_path = folder / PLAN_NAME
-        if require_plan or plan_path.exists():
-            outcome.stored_plan = load_plan(plan_path)
+        if require_plan or os.path.lexists(plan_path):
+            outcome.stored_plan = load_plan(plan_path, within=root)
         if input_only:
             outcome.document = stored_input
             outcome.plan = plan(stored_input)
@@ -118,8 +136,21 @@ def regenerate(folder: Path, input_only: bool, require_plan: bool = True) -> Out
     return outcome
 
 
+def md_code(text: str) -> str:
+    """``text`` (a folder name) as one markdown code span that cannot end the span, split a
+    table cell (``|``) or start a row (newlines and escapes come out escaped)."""
+    shown = printable(text).replace("|", "\\|")
+    longest, run = 0, 0
+    for char in shown:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
 def report(outcomes: list[Outcome], input_only: bool) -> str:
-    """The markdown drift report."""
+    """The markdown drift report (every line printable: names come from the file system)."""
     how = "re-planned from the stored inputs" if input_only else "regenerated through vLLM"
     drift = [o for o in outcomes if not o.same and not o.error]
     errors = [o for o in outcomes if o.error]
@@ -134,21 +165,22 @@ def report(outcomes: list[Outcome], input_only: bool) -> str:
     ]
     for o in outcomes:
         status = "error" if o.error else ("identical" if o.same else "**drift**")
-        lines.append(f"| `{o.name}` | {status} |")
+        lines.append(f"| {md_code(o.name)} | {status} |")
     for o in outcomes:
         if o.error:
-            lines += ["", f"## `{o.name}`: error", "", o.error]
+            lines += ["", f"## {md_code(o.name)}: error", "", o.error]
         elif not o.same:
-            lines += ["", f"## `{o.name}`: drift", "", o.markdown.rstrip()]
-    return "\n".join(lines) + "\n"
+            lines += ["", f"## {md_code(o.name)}: drift", "", o.markdown.rstrip()]
+    return safe_lines("\n".join(lines)) + "\n"
 
 
-def write_pair(folder: Path, document: InputDocument, plan: BindingPlan) -> None:
-    from kvplan.schemas.loading import dump
-
-    folder.mkdir(parents=True, exist_ok=True)
-    dump(document, folder / INPUT_NAME)
-    dump(plan, folder / PLAN_NAME)
+def write_pair(folder: Path, document: InputDocument, plan: BindingPlan, root: Path) -> None:
+    """Write ``folder``'s input and plan below ``root``: both targets are checked before
+    either is written, and nothing is written through a link or outside ``root``."""
+    for name in (INPUT_NAME, PLAN_NAME):
+        check_output(folder / name, within=root, make_dirs=True)
+    dump(document, folder / INPUT_NAME, within=root, make_dirs=True)
+    dump(plan, folder / PLAN_NAME, within=root, make_dirs=True)
 
 
 def slug(model: str) -> str:
@@ -157,7 +189,7 @@ def slug(model: str) -> str:
 
 
 def _narrate(message: str) -> None:
-    stderr_console().print(message, markup=False, highlight=False)
+    stderr_console().print(printable(message), markup=False, highlight=False)
 
 
 def _prepare(input_only: bool) -> None:
@@ -198,7 +230,7 @@ def register(app: typer.Typer) -> None:
         outcomes = []
         for folder in folders:
             _narrate(f"checking {folder.name}")
-            outcomes.append(regenerate(folder, input_only))
+            outcomes.append(regenerate(folder, input_only, root=directory))
         print_data(report(outcomes, input_only))
         if html is not None:
             from kvplan.render import drift_page
@@ -208,7 +240,9 @@ def register(app: typer.Typer) -> None:
                 if not o.same and not o.error and o.plan is not None:
                     page = html / f"{o.name}.html"
                     write_text_atomic(
-                        page, drift_page(o.name, o.stored_plan, o.plan, o.input_changed)
+                        page,
+                        drift_page(o.name, o.stored_plan, o.plan, o.input_changed),
+                        within=html,
                     )
                     _narrate(f"wrote {page}")
         if any(o.error for o in outcomes):
@@ -225,12 +259,17 @@ def register(app: typer.Typer) -> None:
         folders = golden_folders(directory, input_only)
         failed = False
         for folder in folders:
-            outcome = regenerate(folder, input_only, require_plan=False)
+            outcome = regenerate(folder, input_only, require_plan=False, root=directory)
             if outcome.error or outcome.document is None or outcome.plan is None:
                 _narrate(f"{folder.name}: {outcome.error}")
                 failed = True
                 continue
-            write_pair(folder, outcome.document, outcome.plan)
+            try:
+                write_pair(folder, outcome.document, outcome.plan, directory)
+            except KVPlanError as exc:
+                _narrate(f"{folder.name}: {exc.diagnostics[0].render()}")
+                failed = True
+                continue
             _narrate(f"{folder.name}: {'unchanged' if outcome.same else 'updated'}")
         if failed:
             raise typer.Exit(EXIT_ERROR)
@@ -253,5 +292,6 @@ def register(app: typer.Typer) -> None:
         _prepare(False)
         result = inspect_model(model, options)
         folder = directory / (name or slug(result.model.name))
-        write_pair(folder, result.document, result.plan)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_pair(folder, result.document, result.plan, directory)
         _narrate(f"wrote {folder / INPUT_NAME} and {folder / PLAN_NAME}")

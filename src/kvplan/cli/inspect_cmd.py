@@ -22,7 +22,7 @@ from kvplan.cli._output import (
 from kvplan.cli._tables import pools_table
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import printable
-from kvplan.schemas.loading import dump, dumps, write_text_atomic
+from kvplan.schemas.loading import check_output, dump, dumps, write_text_atomic
 from kvplan.units import human_bytes
 
 if TYPE_CHECKING:
@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 def bundle(document: InputDocument, plan: BindingPlan) -> dict[str, Any]:
     """What ``--json``/``--yaml``/``-o`` write: the input document and its plan."""
     return {"input": to_data(document), "plan": to_data(plan)}
+
+
+def model_files(model: str) -> list[Path]:
+    """The files ``inspect`` reads for a local MODEL (a directory or its config.json): an
+    output may not be one of them."""
+    path = Path(model)
+    return [p for p in (path, path / "config.json") if p.is_file()]
 
 
 def list_catalog() -> None:
@@ -56,17 +63,17 @@ def run_inspect(model: str, options: InspectOptions, *, quiet: bool) -> InspectR
     from kvplan.integrations.vllm.inspect import inspect_model
 
     console = stderr_console()
-    with console.status(f"loading vLLM to inspect {model}…") as status:
+    with console.status(cell(f"loading vLLM to inspect {model}…")) as status:
 
         def progress(message: str) -> None:
-            status.update(f"{message}…")
+            status.update(cell(f"{message}…"))
 
         return inspect_model(model, options, progress)
 
 
 def _short(layer: str) -> str:
     """``13`` for ``….layers.13.self_attn.attn``; the name itself otherwise."""
-    match = re.search(r"layers\.(\d+)\.", layer)
+    match = re.search(r"layers\.([0-9]+)\.", layer)
     return match.group(1) if match else layer
 
 
@@ -115,9 +122,12 @@ def render(result: InspectResult) -> None:
         )
     )
     console.print(
-        f"vLLM {doc.vllm_version}  layout {result.layout}  max_model_len {result.max_model_len:,}  "
-        f"KV memory {human_bytes(result.kv_memory_bytes)}  weights as built "
-        f"{human_bytes(result.weight_bytes)}{tp}"
+        cell(
+            f"vLLM {doc.vllm_version}  layout {result.layout}  "
+            f"max_model_len {result.max_model_len:,}  "
+            f"KV memory {human_bytes(result.kv_memory_bytes)}  weights as built "
+            f"{human_bytes(result.weight_bytes)}{tp}"
+        )
     )
     console.print(
         f"[bold]{result.attention_layers} layers[/bold]: {s.tensor_backed_layers} tensor-backed, "
@@ -143,14 +153,19 @@ def render(result: InspectResult) -> None:
         mamba = spec_kind(leaf).is_mamba
         stored += 0.0 if mamba else per_token
         groups.add_row(
-            str(gid),
-            kind,
-            str(spec.block_size),
-            str(kbs[gid]) if gid < len(kbs) else "-",
-            human_bytes(spec.page_size_bytes),
-            ",".join(_short(name) for name in group.layer_names),
-            str(sum(len(sharers.get(name, [])) for name in group.layer_names)),
-            "-" if mamba else f"{per_token:,.0f}",
+            *map(
+                cell,
+                (
+                    gid,
+                    kind,
+                    spec.block_size,
+                    kbs[gid] if gid < len(kbs) else "-",
+                    human_bytes(spec.page_size_bytes),
+                    ",".join(_short(name) for name in group.layer_names),
+                    sum(len(sharers.get(name, [])) for name in group.layer_names),
+                    "-" if mamba else f"{per_token:,.0f}",
+                ),
+            )
         )
     console.print(groups)
     console.print(
@@ -167,17 +182,22 @@ def render(result: InspectResult) -> None:
         return name.removeprefix(prefix).removesuffix(suffix)
 
     named = f" (layer = {prefix}<layer>{suffix})" if prefix or suffix else ""
-    views = Table(title=f"views by group{named}")
+    views = Table(title=cell(f"views by group{named}"))
     for column in ("group", "layer", "dtype", "shape", "stride", "offset"):
         views.add_column(column, justify="right" if column in ("group", "offset") else "left")
     for view in sorted(plan.views, key=lambda v: (v.group, v.offset_bytes)):
         views.add_row(
-            str(view.group),
-            short(view.layer),
-            view.dtype,
-            _dims(view.shape),
-            _dims(view.stride),
-            str(view.offset_bytes),
+            *map(
+                cell,
+                (
+                    view.group,
+                    short(view.layer),
+                    view.dtype,
+                    _dims(view.shape),
+                    _dims(view.stride),
+                    view.offset_bytes,
+                ),
+            )
         )
     console.print(views)
     if not plan.aliases:
@@ -188,9 +208,9 @@ def render(result: InspectResult) -> None:
     saved = 0.0
     for target, names in sharers.items():
         aliases.add_row(
-            short(target),
-            str(group_of.get(target, "-")),
-            ",".join(_short(name) for name in names),
+            cell(short(target)),
+            cell(group_of.get(target, "-")),
+            cell(",".join(_short(name) for name in names)),
         )
         target_group = group_of.get(target)
         if target_group is not None:
@@ -245,22 +265,28 @@ def register(app: typer.Typer) -> None:
             return
         if model is None:
             raise typer.BadParameter("MODEL is required (or pass --list)")
-        result = run_inspect(model, flags.options(), quiet=not verbose)
+        options = flags.options()
+        inputs = model_files(model)
+        for target in (output, html):
+            if target is not None:
+                check_output(target, inputs=inputs)
+        result = run_inspect(model, options, quiet=not verbose)
         data = bundle(result.document, result.plan)
         if output is not None:
-            dump(data, output)
+            dump(data, output, inputs=inputs)
             stderr_console().print(cell(f"wrote {output}"))
         if html is not None:
             from kvplan.render import plan_page
 
-            write_text_atomic(html, plan_page(result.plan, title=result.model.name))
+            page = plan_page(result.plan, title=result.model.name)
+            write_text_atomic(html, page, inputs=inputs)
             stderr_console().print(cell(f"wrote {html}"))
         if as_json or as_yaml:
             print_data(dumps(data, yaml_format=as_yaml))
         else:
             render(result)
         for note in result.notes:
-            stderr_console().print(f"note: {note}", markup=False)
+            stderr_console().print(cell(f"note: {note}"))
         stderr_console().print(f"inspected in {result.seconds:.1f} s", markup=False)
         if verify:
             problems = verify_result(result)

@@ -5,16 +5,18 @@
 * ``<dir>/limit.json``: a :class:`LimitRequest`, the physical budget the engines watching
   ``<dir>`` should follow from now on.
 
-Both are small JSON documents read with the project's bounded reader: a file that cannot be
-read or is not a valid document becomes a :class:`~kvplan.schemas.errors.Diagnostic`
-(``KVP416`` for stats, ``KVP417`` for a limit), never an exception. No torch, no vLLM.
+Both are small JSON documents written by the project's one writer and read by its one
+reader, confined to the directory: nothing is read or written through a symbolic link, and
+nothing that is not a regular file is opened (a fifo or a link to ``/proc`` never blocks a
+reader). A file that cannot be read or is not a valid document becomes a
+:class:`~kvplan.schemas.errors.Diagnostic` (``KVP416`` for stats, ``KVP417`` for a limit),
+never an exception. No torch, no vLLM.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -59,7 +61,7 @@ MAX_POOL_NAME_CHARS: Final = 256
 MAX_CHUNK_INDEX: Final = 1 << 50
 """Chunk numbers and counts in ``mapped_runs`` stay below this (1 PiB of 1-byte chunks)."""
 
-_STATS_NAME = re.compile(r"rank(\d{1,9})\.stats\.json")
+_STATS_NAME = re.compile(r"rank([0-9]{1,9})\.stats\.json")
 
 
 class _Document(BaseModel):
@@ -125,6 +127,12 @@ class ElasticStats(_Document):
     )
     plan_fingerprint: str | None = Field(
         default=None, max_length=128, description="fingerprint of the plan the worker bound"
+    )
+    group: str | None = Field(
+        default=None, max_length=4096, description="the group directory (KVPLAN_GROUP), if any"
+    )
+    group_member: str | None = Field(
+        default=None, max_length=128, description="the engine's member name in that group"
     )
     mapped_runs: dict[str, list[tuple[int, int]]] | None = Field(
         default=None,
@@ -259,13 +267,16 @@ def stats_path(directory: Path, rank: int) -> Path:
 def write_stats(directory: Path, stats: ElasticStats) -> Path:
     """Replace this rank's stats file atomically; its path. ``KVP016`` if it cannot be written."""
     path = stats_path(directory, stats.rank)
-    write_text_atomic(path, _to_text(stats))
+    write_text_atomic(path, _to_text(stats), within=directory)
     return path
 
 
-def read_stats(path: Path) -> ElasticStats | Diagnostic:
-    """One stats file, or a ``KVP416`` diagnostic saying why it cannot be used."""
-    return _read(path, ElasticStats, STATS_KIND, Code.STATS_UNREADABLE, "stats file")
+def read_stats(path: Path, *, within: Path | None = None) -> ElasticStats | Diagnostic:
+    """One stats file, or a ``KVP416`` diagnostic saying why it cannot be used.
+
+    Read below ``within`` (default: the file's own directory) without following a link."""
+    folder = Path(path).parent if within is None else within
+    return _read(path, folder, ElasticStats, STATS_KIND, Code.STATS_UNREADABLE, "stats file")
 
 
 def read_stats_tree(directory: Path) -> list[tuple[Path, ElasticStats | Diagnostic]]:
@@ -283,7 +294,7 @@ def read_stats_tree(directory: Path) -> list[tuple[Path, ElasticStats | Diagnost
     _walk(root, 0, found, problems, budget)
     found.sort()
     out: list[tuple[Path, ElasticStats | Diagnostic]] = [
-        (p, read_stats(p)) for p in found[:MAX_STATS_FILES]
+        (p, read_stats(p, within=root)) for p in found[:MAX_STATS_FILES]
     ]
     out.extend(problems)
     if len(found) > MAX_STATS_FILES or budget[0] < 0:
@@ -378,7 +389,7 @@ def write_limit(directory: Path, limit_bytes: int, cache_limit_bytes: int | None
             )
         ) from None
     path = limit_path(directory)
-    write_text_atomic(path, _to_text(request))
+    write_text_atomic(path, _to_text(request), within=directory)
     return path
 
 
@@ -389,12 +400,14 @@ def read_limit(directory: Path) -> LimitRequest | Diagnostic | None:
     """
     path = limit_path(directory)
     try:
-        os.stat(path)
+        os.lstat(path)  # a dangling link is there: refused by the read, not ignored
     except FileNotFoundError:
         return None
     except OSError:
         pass  # reported by the read below, with its reason
-    return _read(path, LimitRequest, LIMIT_KIND, Code.LIMIT_UNREADABLE, "limit file")
+    return _read(
+        path, Path(directory), LimitRequest, LIMIT_KIND, Code.LIMIT_UNREADABLE, "limit file"
+    )
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -402,25 +415,17 @@ def read_limit(directory: Path) -> LimitRequest | Diagnostic | None:
 _M = TypeVar("_M", bound=_Document)
 
 
-def _read(path: Path, model: type[_M], kind: str, code: Code, what: str) -> _M | Diagnostic:
+def _read(
+    path: Path, within: Path, model: type[_M], kind: str, code: Code, what: str
+) -> _M | Diagnostic:
     name = str(path)
 
     def problem(message: str, hint: str) -> Diagnostic:
         return error(code, name, f"the {what} {message}", hint)
 
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            return problem("is not a regular file.", f"remove it; kvplan writes a {what} there")
-        if info.st_size > MAX_FILE_BYTES:
-            return problem(
-                f"is larger than {MAX_FILE_BYTES >> 10} KiB.",
-                f"this is not a kvplan {what}; remove it",
-            )
-        data: Any = parse_text(decode_text(read_bytes(path), name), name)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        return problem(f"cannot be read: {reason}.", "check the file's permissions")
+        raw = read_bytes(path, limit=MAX_FILE_BYTES, within=within)
+        data: Any = parse_text(decode_text(raw, name), name)
     except KVPlanError as exc:
         first = exc.diagnostics[0]
         return problem(

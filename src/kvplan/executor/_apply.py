@@ -27,6 +27,14 @@ about 21 ms per GiB (a 72 GiB cache: about 1.5 s) while 128 MiB chunks map at ab
 (docs/performance.md). Elastic mode defaults to the backend's granularity instead (2 MiB on
 CUDA, the page size on host-vmm), so memory follows the blocks in use at the finest step."""
 
+MAX_EAGER_POOL_CHUNKS = 4096
+"""Most chunks the eager default maps per pool: a pool above 4096 x 128 MiB (512 GiB) gets
+larger chunks, so binding any pool takes at most this many mappings and its bookkeeping
+(and the time to bind it) does not grow with its size."""
+MAX_CHUNKS = 1 << 20
+"""Most chunks one eager ``apply`` maps with an explicit ``chunk_size`` (1,048,576: 2 TiB of
+2 MiB chunks); a plan that needs more is refused (``KVP420``) before anything is reserved."""
+
 Mode = Literal["eager", "elastic"]
 
 
@@ -105,19 +113,21 @@ def _apply(
         txn.at("granularity", "", 0, 0)
         gran = be.granularity()
         chunk, cap = default_chunk(mode, chunk_size, gran)
-        pool_chunks = []
-        for pool in plan.pools:
+        pool_chunks = [
+            pool_chunk(chunk, cap, round_up(p.size_bytes, gran), gran) for p in plan.pools
+        ]
+        if mode == "eager" and not be.reserve_commits:
+            _check_chunk_count(plan, pool_chunks, gran)
+        for pool, pool_chunk_bytes in zip(plan.pools, pool_chunks, strict=True):
             reserved = round_up(pool.size_bytes, gran)
-            pool_chunk = min(chunk, reserved) if cap and reserved else chunk
-            pool_chunks.append(pool_chunk)
             address = 0
             if reserved:
                 txn.at("reserve", pool.name, 0, reserved)
-                align = max(pool.alignment_bytes, gran, min(pool_chunk, next_pow2(reserved)))
+                align = max(pool.alignment_bytes, gran, min(pool_chunk_bytes, next_pow2(reserved)))
                 address = be.reserve(reserved, next_pow2(align))
                 txn.did("free", partial(be.free, address, reserved))
             memory[pool.name] = PoolMemory(
-                pool.name, pool.size_bytes, reserved, address, pool_chunk
+                pool.name, pool.size_bytes, reserved, address, pool_chunk_bytes
             )
         if cap and pool_chunks:
             chunk = max(pool_chunks)
@@ -146,7 +156,7 @@ def _apply(
         raise err from exc
     if mode == "eager" and not be.reserve_commits:
         for mem in memory.values():
-            mem.mapped.update(range(mem.num_chunks))
+            mem.mapped.add_range(0, mem.num_chunks)
     timings["total"] = (clock() - t0) * 1e3
     return BoundKVCache(
         plan=plan,
@@ -173,6 +183,39 @@ def default_chunk(mode: str, chunk_size: int | None, granularity: int) -> tuple[
     if mode == "elastic":
         return granularity, False
     return round_up(EAGER_CHUNK_BYTES, granularity), True
+
+
+def pool_chunk(chunk: int, capped: bool, reserved: int, granularity: int) -> int:
+    """The chunk of one pool: ``chunk``; with the eager default (``capped``) at most the
+    pool's reservation and large enough that the pool needs at most
+    :data:`MAX_EAGER_POOL_CHUNKS` chunks."""
+    if not capped or not reserved:
+        return chunk
+    least = round_up(-(-reserved // MAX_EAGER_POOL_CHUNKS), granularity)
+    return min(max(chunk, least), reserved)
+
+
+def _check_chunk_count(plan: BindingPlan, chunks: list[int], granularity: int) -> None:
+    """``KVP420`` when binding every pool needs more than :data:`MAX_CHUNKS` mappings."""
+    total = sum(
+        -(-round_up(p.size_bytes, granularity) // c)
+        for p, c in zip(plan.pools, chunks, strict=True)
+    )
+    if total > MAX_CHUNKS:
+        biggest = max(plan.pools, key=lambda p: p.size_bytes)
+        least = round_up(-(-sum(p.size_bytes for p in plan.pools) // MAX_CHUNKS), granularity)
+        raise KVPlanError(
+            error(
+                Code.TOO_MANY_CHUNKS,
+                "chunk_size",
+                f"binding the plan's pools ({num(sum(p.size_bytes for p in plan.pools))} bytes, "
+                f"the largest {biggest.name!r}) in chunks of {num(max(chunks))} bytes takes "
+                f"{num(total)} mappings, more than kvplan makes in one apply "
+                f"({num(MAX_CHUNKS)}).",
+                f"pass a chunk size of at least {num(least)} bytes, or leave it out (the "
+                "eager default grows with the pool)",
+            )
+        )
 
 
 def checked_plan(plan: object) -> BindingPlan:

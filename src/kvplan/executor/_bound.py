@@ -250,7 +250,7 @@ class BoundKVCache:
             errors.append(f"synchronize: {_short(exc)}")
         for mem in self._memory.values():
             mem.refs.clear()
-            for c in sorted(mem.mapped):
+            for c in mem.mapped:  # ascending, a run at a time (never listed)
                 off, length = mem.span(c)
                 try:
                     self.backend.unmap(mem.address + off, length)

@@ -4,10 +4,14 @@ A pool's reservation is cut into chunks of ``chunk`` bytes (the last may be shor
 a granularity multiple). Chunk ``i`` covers bytes ``[i*chunk, min((i+1)*chunk, reserved))``
 of the pool. Each chunk is one physical allocation and one mapping; access is granted (and
 memory zeroed) once per contiguous run of newly mapped chunks.
+
+Memory does not grow with a pool's size: the mapped chunks of a pool are kept as runs
+(:class:`ChunkSet`), and the journal holds one entry per run mapped, not one per chunk.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -15,6 +19,94 @@ from functools import partial
 from kvplan.executor.backends.base import Backend, BackendCallError
 from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.units import human_bytes
+
+
+class ChunkSet:
+    """A set of chunk ids kept as sorted, disjoint, non-adjacent runs ``[start, stop)``.
+
+    Memory is O(runs): an eagerly mapped pool of any size is one run. Membership is a
+    binary search; adding or removing an id touches the runs around it.
+    """
+
+    __slots__ = ("_count", "_starts", "_stops")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self._starts: list[int] = []
+        self._stops: list[int] = []
+        self._count = 0
+        self.update(ids)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __contains__(self, chunk_id: object) -> bool:
+        if not isinstance(chunk_id, int):
+            return False
+        i = bisect_right(self._starts, chunk_id) - 1
+        return i >= 0 and chunk_id < self._stops[i]
+
+    def __iter__(self) -> Iterator[int]:
+        """Every id, ascending (lazily: a run is never expanded into a list)."""
+        for start, stop in list(zip(self._starts, self._stops, strict=True)):
+            yield from range(start, stop)
+
+    def runs(self) -> list[range]:
+        return [range(a, b) for a, b in zip(self._starts, self._stops, strict=True)]
+
+    def add_range(self, start: int, stop: int) -> None:
+        """Add ``[start, stop)``, merging with every run it touches."""
+        if stop <= start:
+            return
+        lo = bisect_left(self._stops, start)  # first run ending at or after start
+        hi = bisect_right(self._starts, stop)  # runs starting at or before stop
+        if lo < hi:
+            start = min(start, self._starts[lo])
+            stop = max(stop, self._stops[hi - 1])
+            self._count -= sum(
+                b - a for a, b in zip(self._starts[lo:hi], self._stops[lo:hi], strict=True)
+            )
+        self._starts[lo:hi] = [start]
+        self._stops[lo:hi] = [stop]
+        self._count += stop - start
+
+    def update(self, ids: Iterable[int]) -> None:
+        """Add ``ids`` (a ``range`` of step 1 is added as one run, without iterating it)."""
+        if isinstance(ids, range) and ids.step == 1:
+            self.add_range(ids.start, ids.stop)
+            return
+        for run in runs(ids):
+            self.add_range(run[0], run[-1] + 1)
+
+    def discard(self, chunk_id: int) -> None:
+        i = bisect_right(self._starts, chunk_id) - 1
+        if i < 0 or chunk_id >= self._stops[i]:
+            return
+        start, stop = self._starts[i], self._stops[i]
+        self._count -= 1
+        if start == chunk_id and stop == chunk_id + 1:
+            del self._starts[i], self._stops[i]
+        elif start == chunk_id:
+            self._starts[i] = chunk_id + 1
+        elif stop == chunk_id + 1:
+            self._stops[i] = chunk_id
+        else:
+            self._stops[i] = chunk_id
+            self._starts.insert(i + 1, chunk_id + 1)
+            self._stops.insert(i + 1, stop)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ChunkSet):
+            return self._starts == other._starts and self._stops == other._stops
+        if isinstance(other, set | frozenset):
+            return len(other) == self._count and all(c in self for c in other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in self.runs()[:8])
+        return f"ChunkSet({shown}{', ...' if len(self._starts) > 8 else ''})"
 
 
 @dataclass
@@ -26,7 +118,7 @@ class PoolMemory:
     reserved: int
     address: int
     chunk: int
-    mapped: set[int] = field(default_factory=set)
+    mapped: ChunkSet = field(default_factory=ChunkSet)
     refs: dict[int, int] = field(default_factory=dict)
     freed: bool = False
     """The reservation was given back (by ``BoundKVCache.close``)."""
@@ -49,20 +141,47 @@ class PoolMemory:
         return len(self.mapped) * self.chunk - short
 
 
-def runs(chunk_ids: Iterable[int]) -> Iterator[list[int]]:
-    """Maximal runs of consecutive ids, in order: ``[1, 2, 5]`` → ``[1, 2]``, ``[5]``."""
-    run: list[int] = []
-    for c in sorted(chunk_ids):
-        if run and c != run[-1] + 1:
-            yield run
-            run = []
-        run.append(c)
-    if run:
-        yield run
+def runs(chunk_ids: Iterable[int]) -> Iterator[range]:
+    """Maximal runs of consecutive ids, in order: ``[1, 2, 5]`` → ``range(1, 3)``,
+    ``range(5, 6)``. A ``range`` of step 1 is one run as it is (never sorted or listed)."""
+    if isinstance(chunk_ids, range) and chunk_ids.step == 1:
+        if chunk_ids:
+            yield chunk_ids
+        return
+    start = stop = -1  # ids are >= 0: no run yet
+    for c in sorted(set(chunk_ids)):
+        if c == stop:
+            stop += 1
+            continue
+        if stop > start:
+            yield range(start, stop)
+        start, stop = c, c + 1
+    if stop > start:
+        yield range(start, stop)
 
 
-_Undo = tuple[str, Callable[[], None]]
-"""``(kind, action)``: what a journaled step undoes and how."""
+class _MappedRun:
+    """The undo of one run being mapped: unmap its chunks ``[first, done)``, newest first.
+
+    One journal entry per run, whatever its length; :meth:`steps` yields one action per
+    chunk when the journal is replayed."""
+
+    __slots__ = ("base", "chunk", "done", "first", "reserved", "unmap")
+
+    def __init__(
+        self, unmap: Callable[[int, int], None], base: int, chunk: int, reserved: int, first: int
+    ) -> None:
+        self.unmap, self.base, self.chunk, self.reserved = unmap, base, chunk, reserved
+        self.first = self.done = first
+
+    def steps(self) -> Iterator[Callable[[], None]]:
+        for c in range(self.done - 1, self.first - 1, -1):
+            off = c * self.chunk
+            yield partial(self.unmap, self.base + off, min(self.chunk, self.reserved - off))
+
+
+_Undo = tuple[str, Callable[[], None] | _MappedRun]
+"""``(kind, action)``: what a journaled step undoes and how (a run: one action per chunk)."""
 
 
 class Transaction:
@@ -85,9 +204,17 @@ class Transaction:
         self._undo.append((kind, action))
         return len(self._undo) - 1
 
+    def run(self, step: _MappedRun) -> None:
+        """Journal a run being mapped; it undoes what it has mapped so far."""
+        self._undo.append(("unmap", step))
+
     def done(self, index: int) -> None:
-        """The step at ``index`` needs no undo any more (e.g. a handle released after map)."""
-        self._undo[index] = None
+        """The step at ``index`` needs no undo any more (e.g. a handle released after map);
+        the newest step is dropped, so a journal of repeated steps does not grow."""
+        if index == len(self._undo) - 1:
+            self._undo.pop()
+        else:
+            self._undo[index] = None
 
     def rollback(self) -> tuple[dict[str, int], list[str]]:
         """Undo everything, newest first; ``(counts per kind undone, errors)``."""
@@ -101,12 +228,14 @@ class Transaction:
                 self.backend.synchronize()
             except Exception as exc:
                 errors.append(f"synchronize: {exc}")
-        for kind, action in reversed(pending):
-            try:
-                action()
-                counts[kind] = counts.get(kind, 0) + 1
-            except Exception as exc:
-                errors.append(f"{kind}: {exc}")
+        for kind, entry in reversed(pending):
+            actions = entry.steps() if isinstance(entry, _MappedRun) else (entry,)
+            for action in actions:
+                try:
+                    action()
+                    counts[kind] = counts.get(kind, 0) + 1
+                except Exception as exc:
+                    errors.append(f"{kind}: {exc}")
         return counts, errors
 
 
@@ -125,6 +254,8 @@ def map_chunks(
     name, base, chunk, reserved = pool.name, pool.address, pool.chunk, pool.reserved
     for run in runs(chunk_ids):
         first = run[0] * chunk
+        step = _MappedRun(unmap, base, chunk, reserved, run[0])
+        txn.run(step)
         for c in run:
             off = c * chunk
             length = min(chunk, reserved - off)
@@ -134,7 +265,7 @@ def map_chunks(
                 rel = did("release", partial(release, handle))
                 op = "map"
                 map_(base + off, length, handle)
-                did("unmap", partial(unmap, base + off, length))
+                step.done = c + 1
                 op = "release"
                 release(handle)
                 done(rel)

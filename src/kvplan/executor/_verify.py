@@ -34,6 +34,13 @@ def _real_view(view: View, t: Tensor, offset: int) -> View | None:
     )
 
 
+def _address(t: Tensor) -> int:
+    """Where ``t`` starts: its storage's address plus its storage offset. ``data_ptr()`` is
+    0 for a tensor with no elements (torch has nothing to point at), which would make an
+    empty view look as if it started at minus its pool's address."""
+    return int(t.untyped_storage().data_ptr()) + int(t.storage_offset()) * t.element_size()
+
+
 def _mismatch(layer: str, field: str, expected: object, got: object) -> Diagnostic:
     return error(
         Code.VERIFY_MISMATCH,
@@ -81,7 +88,7 @@ def verify(
             diags.append(_mismatch(view.layer, "stride", view.stride, list(t.stride())))
         if pools is not None and view.pool in pools:
             pool = pools[view.pool]
-            base = pool.data_ptr()
+            base = _address(pool)
             if t.device != pool.device:
                 diags.append(_mismatch(view.layer, "device", pool.device, t.device))
         else:
@@ -97,7 +104,7 @@ def verify(
                         "bind every view of a pool over that pool's one allocation",
                     )
                 )
-        offset = t.data_ptr() - base
+        offset = _address(t) - base
         if offset != view.offset_bytes:
             diags.append(_mismatch(view.layer, "offset_bytes", view.offset_bytes, offset))
         if got_dtype != view.dtype:

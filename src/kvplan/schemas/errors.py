@@ -95,9 +95,16 @@ class Code(StrEnum):
     OUTPUT_IS_INPUT = "KVP017"
     STDOUT_FAILED = "KVP018"
     INTERNAL = "KVP019"
-    # options and values (020-024)
+    # options and values (020-021)
     BAD_SIZE = "KVP020"
     UNKNOWN_SCHEMA = "KVP021"
+    # files, outputs and bounds (022-029)
+    NOT_REGULAR_FILE = "KVP022"
+    UNSAFE_OUTPUT = "KVP023"
+    NOTHING_TO_CHECK = "KVP024"
+    NAME_TOO_LONG = "KVP025"
+    TOO_MANY_ITEMS = "KVP026"
+    BUNDLE_MISMATCH = "KVP027"
     # config semantics (1xx)
     BAD_NUM_BLOCKS = "KVP101"
     EMPTY_TENSOR = "KVP102"
@@ -144,6 +151,8 @@ class Code(StrEnum):
     OPTION_OUT_OF_RANGE = "KVP405"
     USAGE = "KVP406"
     CLOSE_INCOMPLETE = "KVP410"
+    # execution bounds (420-425)
+    TOO_MANY_CHUNKS = "KVP420"
     # elastic serving files and commands (416-419)
     STATS_UNREADABLE = "KVP416"
     LIMIT_UNREADABLE = "KVP417"

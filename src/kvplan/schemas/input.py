@@ -8,8 +8,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
+from kvplan.schemas.bounds import FROZEN, items
 from kvplan.schemas.layout import KVCacheLayout, parse_layout
 from kvplan.schemas.specs import AnySpec, by_name
 
@@ -31,7 +32,7 @@ LayoutField = Annotated[
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
 
 
 class KVCacheTensor(_Frozen):
@@ -41,7 +42,7 @@ class KVCacheTensor(_Frozen):
     """
 
     size: int = Field(gt=0, description="bytes of the backing allocation")
-    layers: list[str]
+    layers: list[str] = items()
     layer_stride: int = Field(gt=0)
     block_stride: int = Field(gt=0)
     offset: int = Field(default=0, ge=0)
@@ -51,7 +52,7 @@ class KVCacheTensor(_Frozen):
 class KVCacheGroupSpec(_Frozen):
     """Layers that share one block table, and their spec."""
 
-    layer_names: list[str]
+    layer_names: list[str] = items()
     kv_cache_spec: AnySpec
     is_eagle_group: bool = False
     host_resident: bool = False
@@ -63,8 +64,8 @@ class KVCacheConfig(_Frozen):
     """vLLM 0.33's ``KVCacheConfig`` (``v1/kv_cache_interface.py``)."""
 
     num_blocks: int = Field(gt=0)
-    kv_cache_tensors: list[KVCacheTensor]
-    kv_cache_groups: list[KVCacheGroupSpec]
+    kv_cache_tensors: list[KVCacheTensor] = items()
+    kv_cache_groups: list[KVCacheGroupSpec] = items()
     prefix_cache_retention_interval: int | None = Field(default=None, ge=0)
     kv_cache_layout: LayoutField | None = None
     hash_block_size: int | None = Field(default=None, gt=0)
@@ -94,8 +95,8 @@ class InputDocument(_Frozen):
     format: Literal["kvplan.input/1"] = "kvplan.input/1"
     vllm_version: str | None = None
     kv_cache_config: KVCacheConfig
-    shared_kv_cache_layers: dict[str, str] = Field(default_factory=dict)
-    kernel_block_sizes: list[int] | None = None
+    shared_kv_cache_layers: dict[str, str] = items(default_factory=dict)
+    kernel_block_sizes: list[int] | None = items(default=None)
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="free-form facts (model, rank, tool); not planned from"
     )

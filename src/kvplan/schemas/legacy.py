@@ -20,14 +20,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
     model_serializer,
     model_validator,
 )
 
+from kvplan.schemas._validation import diagnostics_from_validation
+from kvplan.schemas.bounds import FROZEN, MAX_DIMS, Dims, items
 from kvplan.schemas.dtypes import DType, itemsize
+from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.specs import KVCacheSpecKind, by_name
 from kvplan.units import VMM_GRANULARITY
 
@@ -89,7 +92,7 @@ releases a ``kvplan.input-legacy/1`` document may name."""
 
 def release_minor(version: str) -> str:
     """``0.25.1`` / ``v0.28.0rc1.dev3+g12`` → ``0.25`` (unchanged when not a version)."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    match = re.match(r"\s*v?([0-9]+)\.([0-9]+)", version, re.ASCII)
     return f"{match.group(1)}.{match.group(2)}" if match else version
 
 
@@ -121,7 +124,7 @@ QuantField = Annotated[LegacyKVQuantMode, *by_name(LegacyKVQuantMode)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
 
 
 def _nvfp4_dim(head_size: int) -> int:
@@ -339,10 +342,10 @@ class LegacyMambaSpec(LegacySpec):
     """0.24's ``MambaSpec``: states ``shapes``/``dtypes`` packed in one (padded) page."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
-    shapes: list[list[Annotated[int, Field(gt=0)]]] = Field(
-        min_length=1, description="state shapes; every dimension positive"
+    shapes: list[Annotated[list[Annotated[int, Field(gt=0)]], Field(max_length=MAX_DIMS)]] = Field(
+        min_length=1, max_length=MAX_DIMS, description="state shapes; every dimension positive"
     )
-    dtypes: list[DType]
+    dtypes: list[DType] = Field(max_length=MAX_DIMS)
     page_size_padded: int | None = Field(default=None, gt=0)
     mamba_type: str = "MAMBA2"
     mamba_cache_mode: str = "none"
@@ -391,7 +394,7 @@ class LegacyUniformTypeKVCacheSpecs(LegacySpec):
     """One group of same-type layers with per-layer specs (each layer its own tensor)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
-    kv_cache_specs: dict[str, LegacyLeafSpec] = Field(min_length=1)
+    kv_cache_specs: dict[str, LegacyLeafSpec] = items(min_length=1)
 
     @property
     def page_size_bytes(self) -> int:
@@ -423,13 +426,13 @@ class LegacyKVCacheTensor(_Frozen):
     """
 
     size: int = Field(gt=0, description="bytes of the allocation")
-    shared_by: list[str] = Field(description="one layer per group shares this tensor")
+    shared_by: list[str] = items(description="one layer per group shares this tensor")
     offset: int = Field(default=0, ge=0)
     block_stride: int = Field(default=0, ge=0, description="0 = not packed")
 
 
 class LegacyKVCacheGroupSpec(_Frozen):
-    layer_names: list[str]
+    layer_names: list[str] = items()
     kv_cache_spec: LegacyAnySpec
     is_eagle_group: bool = False
 
@@ -438,8 +441,8 @@ class LegacyKVCacheConfig(_Frozen):
     """0.24's ``KVCacheConfig`` (scheduler/worker form, or the runner's after the append)."""
 
     num_blocks: int = Field(gt=0)
-    kv_cache_tensors: list[LegacyKVCacheTensor]
-    kv_cache_groups: list[LegacyKVCacheGroupSpec]
+    kv_cache_tensors: list[LegacyKVCacheTensor] = items()
+    kv_cache_groups: list[LegacyKVCacheGroupSpec] = items()
 
 
 class AttentionGroupInfo(_Frozen):
@@ -454,9 +457,9 @@ class AttentionGroupInfo(_Frozen):
 
     kv_cache_group_id: int = Field(ge=0)
     backend: str = Field(description="attention backend class name")
-    layer_names: list[str]
-    kv_cache_shape: list[int] | None = None
-    stride_order: list[int] | None = None
+    layer_names: list[str] = items()
+    kv_cache_shape: Dims | None = None
+    stride_order: Dims | None = None
     block_dim: int | None = Field(default=None, ge=0)
 
 
@@ -495,10 +498,10 @@ class LegacyInputDocument(_Frozen):
     format: Literal["kvplan.input-legacy/1"] = "kvplan.input-legacy/1"
     vllm_version: str | None = None
     kv_cache_config: LegacyKVCacheConfig
-    attn_groups: list[AttentionGroupInfo] = Field(default_factory=list)
-    kernel_block_sizes: list[int] | None = None
-    runner_only_attn_layers: list[str] = Field(default_factory=list)
-    shared_kv_cache_layers: dict[str, str] = Field(default_factory=dict)
+    attn_groups: list[AttentionGroupInfo] = items(default_factory=list)
+    kernel_block_sizes: list[int] | None = items(default=None)
+    runner_only_attn_layers: list[str] = items(default_factory=list)
+    shared_kv_cache_layers: dict[str, str] = items(default_factory=dict)
     cache_dtype: str = Field(default="auto", description="cache_config.cache_dtype")
     kv_cache_layout: str | None = Field(default=None, description="get_kv_cache_layout(): NHD/HND")
     scheduler_num_layers: int | None = Field(default=None, gt=0)
@@ -510,11 +513,6 @@ class LegacyInputDocument(_Frozen):
 
 def parse_legacy(data: Any, source: str = "<input>") -> LegacyInputDocument:
     """Validate a ``kvplan.input-legacy/1`` mapping; ``KVPlanError`` with KVP codes if bad."""
-    from pydantic import ValidationError
-
-    from kvplan.schemas.errors import Code, KVPlanError, error
-    from kvplan.schemas.loading import diagnostics_from_validation
-
     if not isinstance(data, dict):
         raise KVPlanError(
             error(

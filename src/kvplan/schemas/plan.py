@@ -10,8 +10,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from kvplan.schemas.bounds import FROZEN, Dims, items
 from kvplan.schemas.dtypes import DType, itemsize
 from kvplan.schemas.specs import KVCacheSpecKind
 
@@ -19,7 +20,7 @@ PLAN_FORMAT = "kvplan.plan/1"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
 
 
 class Source(_Frozen):
@@ -47,8 +48,8 @@ class View(_Frozen):
     pool: str
     kind: str = Field(description="vLLM spec class of the layer")
     dtype: DType
-    shape: list[int]
-    stride: list[int]
+    shape: Dims
+    stride: Dims
     offset_bytes: int = Field(ge=0)
 
     @property
@@ -116,9 +117,9 @@ class BindingPlan(_Frozen):
     format: Literal["kvplan.plan/1"] = "kvplan.plan/1"
     fingerprint: str = Field(description="sha256 of the canonical input document")
     source: Source
-    pools: list[Pool]
-    views: list[View]
-    aliases: list[Alias]
+    pools: list[Pool] = items()
+    views: list[View] = items()
+    aliases: list[Alias] = items()
     summary: Summary
 
     @cached_property

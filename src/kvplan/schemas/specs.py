@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from kvplan.schemas.bounds import FROZEN, MAX_DIMS, items
 from kvplan.schemas.dtypes import DType, itemsize
 
 
@@ -39,6 +40,8 @@ def _parse_fraction(value: object) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, str):
+        if not value.isascii():  # Fraction() also reads Arabic-Indic or full-width digits
+            raise ValueError(f"expected an int or an 'n/d' string in ASCII digits, got {value!r}")
         try:
             return Fraction(value.strip())
         except (ValueError, ZeroDivisionError) as exc:
@@ -232,14 +235,14 @@ _FULL_ATTENTION_BASE = frozenset(
 class MultipleOf(BaseModel):
     """vLLM's ``MultipleOf(n)``: block strides must hold whole kernel blocks of ``n`` tokens."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
     multiple_of: int = Field(gt=0)
 
 
 class KVCacheSpec(BaseModel):
     """Base class of every spec model, named after vLLM's: the fields every spec has."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = FROZEN
 
     kind: str = ""
     block_size: int = Field(gt=0, description="tokens per block")
@@ -510,10 +513,12 @@ class MambaSpec(KVCacheSpec):
     """Mamba/linear-attention state: an int8 ``[B, 1, 1, C]`` page the layer unpacks itself."""
 
     kind: Literal["MambaSpec"] = "MambaSpec"
-    shapes: list[list[Annotated[int, Field(gt=0)]]] = Field(
-        min_length=1, description="state shapes; every dimension positive (no empty state)"
+    shapes: list[Annotated[list[Annotated[int, Field(gt=0)]], Field(max_length=MAX_DIMS)]] = Field(
+        min_length=1,
+        max_length=MAX_DIMS,
+        description="state shapes; every dimension positive (no empty state)",
     )
-    dtypes: list[DType]
+    dtypes: list[DType] = Field(max_length=MAX_DIMS)
     page_size_padded: int | None = Field(default=None, gt=0)
     mamba_type: str = "MAMBA2"
     mamba_cache_mode: str = "none"
@@ -524,7 +529,7 @@ class MambaSpec(KVCacheSpec):
     tokens_per_state: int = Field(default=-1, ge=-1, description="-1: one state per block")
     tp_replicated: bool = False
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(**FROZEN, populate_by_name=True)
 
     @model_validator(mode="after")
     def _shapes_match_dtypes(self) -> MambaSpec:
@@ -585,7 +590,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     """One group of same-type layers with per-layer specs (block-outermost packing)."""
 
     kind: Literal["UniformTypeKVCacheSpecs"] = "UniformTypeKVCacheSpecs"
-    kv_cache_specs: dict[str, LeafSpec] = Field(
+    kv_cache_specs: dict[str, LeafSpec] = items(
         min_length=1, description="one spec per layer; at least one"
     )
 

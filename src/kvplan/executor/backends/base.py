@@ -16,6 +16,7 @@ Addresses and sizes are plain ``int`` bytes. Handles are opaque backend objects.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import Counter
 from collections.abc import Callable
@@ -278,6 +279,7 @@ class TrackedBackend(CountedBackend):
         self._reservations: dict[int, int] = {}
         self._handles: dict[int, int] = {}
         self._mappings: dict[int, int] = {}
+        self._bases: list[int] = []
 
     def live(self) -> LiveResources:
         return LiveResources(
@@ -289,8 +291,15 @@ class TrackedBackend(CountedBackend):
         )
 
     def _check_reserved(self, call: str, address: int, size: int) -> None:
-        for base, length in self._reservations.items():
-            if base <= address and address + size <= base + length:
+        """Refuse a range outside every reservation: a binary search over the sorted bases
+        (rebuilt when a reservation it does not know is looked for), not a scan per call."""
+        for rebuild in (False, True):
+            if rebuild or len(self._bases) != len(self._reservations):
+                self._bases = sorted(self._reservations)
+            i = bisect.bisect_right(self._bases, address) - 1
+            base = self._bases[i] if i >= 0 else None
+            length = self._reservations.get(base) if base is not None else None
+            if base is not None and length is not None and address + size <= base + length:
                 return
         raise BackendCallError(call, f"[{address:#x}, +{size}) is not inside a reservation")
 

@@ -84,6 +84,25 @@ def test_inspect_cli_json_and_human(vllm_session: None, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and bad.stderr.startswith("KVP020 error at --gpu-memory")
 
 
+def test_what_inspect_writes_is_what_show_diff_and_validate_read(
+    vllm_session: None, tmp_path: Path
+) -> None:
+    """A new user's next step after ``inspect -o`` (it used to be ``KVP004 ...
+    kv_cache_config: required field is missing``)."""
+    runner = CliRunner()
+    out = tmp_path / "gemma.json"
+    result = runner.invoke(app, ["inspect", GEMMA4, "--max-model-len", "4096", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    for args in (["show", str(out)], ["validate", str(out)], ["diff", str(out), str(out)]):
+        outcome = runner.invoke(app, args)
+        assert outcome.exit_code == 0, (args, outcome.stderr)
+        assert "KVP0" not in outcome.stderr, outcome.stderr
+    plan = json.loads(out.read_text())["plan"]
+    stored = tmp_path / "plan.json"
+    stored.write_text(json.dumps(plan))
+    assert runner.invoke(app, ["diff", str(out), str(stored)]).exit_code == 0
+
+
 def test_inspect_list_and_unknown_model(vllm_session: None) -> None:
     runner = CliRunner()
     listed = runner.invoke(app, ["inspect", "--list"])

@@ -152,7 +152,9 @@ class ElasticMode:
         side = worker_side(
             cache, self.settings, dump_dir=self.dump_dir, backend=self.backend, label=label
         )
-        lease = group.attach_worker(self.settings, group.member_name(self.dump_dir))
+        if self.settings.group is not None:
+            side.group_member = group.member_name(self.dump_dir)
+        lease = group.attach_worker(self.settings, side.group_member or "")
         attach_worker(owner, side)
         self.workers.append(side)
 

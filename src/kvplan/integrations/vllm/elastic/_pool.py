@@ -60,8 +60,17 @@ class _ElasticPool:
             done: bool = super().reset_prefix_cache()  # type: ignore[misc]
         finally:
             side.plain_count = False
+        if done and side.index is not None:
+            side.index.evicted(b.block_id for b in self.free_block_queue.get_all_free_blocks())  # type: ignore[attr-defined]
         side.changed()
         return done
+
+    def _maybe_evict_cached_block(self, block: Any) -> bool:
+        evicted: bool = super()._maybe_evict_cached_block(block)  # type: ignore[misc]
+        index = self._kvplan.index
+        if evicted and index is not None:
+            index.evicted([block.block_id])
+        return evicted
 
 
 _POOL_CLASSES: dict[type, type] = {}
@@ -75,6 +84,64 @@ def make_elastic(pool: Any, side: SchedulerSide) -> None:
         cls = _POOL_CLASSES[base] = type(f"Elastic{base.__name__}", (_ElasticPool, base), {})
     pool.__class__ = cls
     pool._kvplan = side
+    if side.ledger.uniform_block_cost is None:
+        index_free_queue(pool, side)
+
+
+def index_free_queue(pool: Any, side: SchedulerSide) -> None:
+    """Blocks share chunks (cuda-vmm's 2 MiB chunks under smaller pages): admission under a
+    binding limit counts and picks from an :class:`~kvplan.elastic.admission.AdmissionIndex`
+    (O(log n)) instead of walking vLLM's free queue. The index follows the queue: its
+    instance's ``append(_n)`` / ``prepend_n`` / ``popleft(_n)`` / ``remove`` tell it (every
+    way a block enters or leaves vLLM's free queue), evictions come through the pool, backing
+    and unbacking through the ledger."""
+    from kvplan.elastic.admission import AdmissionIndex
+
+    queue = pool.free_block_queue
+    free = queue.get_all_free_blocks()
+    index = AdmissionIndex(
+        side.ledger,
+        [b.block_id for b in free],
+        cached=[b.block_id for b in free if b.block_hash is not None],
+    )
+    append_n, prepend_n, popleft_n = queue.append_n, queue.prepend_n, queue.popleft_n
+    popleft, remove, append = queue.popleft, queue.remove, queue.append
+
+    def ids(blocks: Any) -> list[int]:
+        return [b.block_id for b in blocks]
+
+    def hashed(blocks: Any) -> list[int]:
+        return [b.block_id for b in blocks if b.block_hash is not None]
+
+    def on_append_n(blocks: Any) -> None:
+        append_n(blocks)
+        index.appended(ids(blocks), cached=hashed(blocks))
+
+    def on_append(block: Any) -> None:
+        append(block)
+        index.appended([block.block_id], cached=hashed([block]))
+
+    def on_prepend_n(blocks: Any) -> None:
+        prepend_n(blocks)
+        index.prepended(ids(blocks), cached=hashed(blocks))
+
+    def on_popleft_n(n: int) -> Any:
+        got = popleft_n(n)
+        index.removed(ids(got))
+        return got
+
+    def on_popleft() -> Any:
+        got = popleft()
+        index.removed([got.block_id])
+        return got
+
+    def on_remove(block: Any) -> None:
+        remove(block)
+        index.removed([block.block_id])
+
+    queue.append_n, queue.prepend_n, queue.popleft_n = on_append_n, on_prepend_n, on_popleft_n
+    queue.popleft, queue.remove, queue.append = on_popleft, on_remove, on_append
+    side.index = index
 
 
 def side_of(scheduler: Any) -> SchedulerSide | None:

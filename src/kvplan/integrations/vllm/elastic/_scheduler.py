@@ -20,6 +20,7 @@ from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_
 from kvplan.schemas.errors import Diagnostic, KVPlanError
 
 if TYPE_CHECKING:
+    from kvplan.elastic.admission import AdmissionIndex
     from kvplan.elastic.group import GroupMember
     from kvplan.elastic.ledger import Ledger
 
@@ -73,6 +74,8 @@ class SchedulerSide:
         """Count free blocks as vLLM does: while vLLM checks that every block is free, and
         while it takes blocks already chosen within the limit."""
         self._counted: tuple[tuple[int, ...], int] | None = None
+        self.index: AdmissionIndex | None = None
+        """With chunk-sharing ledgers: admission's count and pick (``_pool.index_free_queue``)."""
         self.group: GroupMember | None = None
         """The engine's membership of a group (``KVPLAN_GROUP``): its grant bounds the limit."""
         self.grow_attempts = 0
@@ -206,6 +209,8 @@ class SchedulerSide:
         cost = ledger.uniform_block_cost
         if cost is not None:
             return backed_free + min(unbacked, headroom // cost)
+        if self.index is not None:
+            return self.index.count(headroom)
         if headroom >= unbacked * ledger.max_block_cost:
             return vanilla
         key = (self.version, vanilla, len(ledger.backed), ledger.mapped_bytes, headroom)
@@ -218,9 +223,15 @@ class SchedulerSide:
     def choose(self, wanted: int) -> list[int]:
         from kvplan.elastic.ledger import admit
 
-        chosen = admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+        def pick() -> list[int]:
+            headroom = self.headroom()
+            if self.index is not None:
+                return self.index.pick(wanted, max(0, headroom))
+            return admit(self.ledger, self.free_ids(), headroom, wanted)
+
+        chosen = pick()
         if len(chosen) < wanted and self.grow((wanted - len(chosen)) * self.ledger.max_block_cost):
-            chosen = admit(self.ledger, self.free_ids(), self.headroom(), wanted)
+            chosen = pick()
         return chosen
 
     def backed(self, block_ids: list[int]) -> None:

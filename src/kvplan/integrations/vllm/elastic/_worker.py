@@ -55,6 +55,8 @@ class WorkerSide:
     ``cache_limit_bytes``, ``reserve_bytes``."""
     peak_mapped_bytes: int = 0
     checked: bool = False
+    group_member: str | None = None
+    """The engine's member name in ``KVPLAN_GROUP`` (stats only)."""
     state: Literal["bound", "running", "closed"] = "bound"
     _reporter: StatsReporter | None = None
 
@@ -142,8 +144,11 @@ class WorkerSide:
         figures["floor_bytes"] = self.scheduler.get("floor_bytes") or None  # 0: not known yet
         figures["asked_limit_bytes"] = self.scheduler.get("asked_limit_bytes")
         runs, unit = (None, 1) if cache.closed else mapped_runs(cache.mapped_chunk_ids())
+        group = self.settings.group
         return ElasticStats(
             **writer_identity(),
+            group=None if group is None else str(group.resolve()),
+            group_member=self.group_member,
             plan_fingerprint=cache.plan.fingerprint,
             mapped_runs=runs,
             mapped_runs_unit=unit,

@@ -1,0 +1,109 @@
+"""Groups of elastic engines (``KVPLAN_GROUP``) in ``kvplan top`` and ``kvplan limit``.
+
+``kvplan top DIR`` shows, under the engines, every group an engine there names in its stats
+(or DIR itself, when it is a group directory): the budget, what is granted, borrowed,
+guaranteed, claimed, and each member's share. ``kvplan limit --group DIR SIZE`` changes a
+group's budget live (creating the group when it has no ledger yet);
+``kvplan limit --group DIR --member NAME SIZE`` changes one member's guarantee.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from kvplan.elastic.group import GroupSnapshot, read_snapshot, set_budget, set_guarantee
+from kvplan.schemas.errors import Diagnostic, KVPlanError, printable
+from kvplan.units import human_bytes
+
+GROUP_MARKERS = ("group.lock", "ledger.json")
+
+
+def is_group(directory: Path) -> bool:
+    """Whether ``directory`` is a group directory (a member joined, or a budget was set)."""
+    try:
+        return any((directory / name).is_file() for name in GROUP_MARKERS)
+    except OSError:
+        return False
+
+
+def snapshots(directories: list[Path]) -> tuple[list[GroupSnapshot], list[Diagnostic]]:
+    """Each group's snapshot (in order, once each), with a diagnostic for an unreadable one."""
+    out: list[GroupSnapshot] = []
+    problems: list[Diagnostic] = []
+    seen: set[str] = set()
+    for directory in directories:
+        key = str(directory)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            out.append(read_snapshot(directory))
+        except KVPlanError as exc:
+            problems.extend(exc.diagnostics)
+    return out, problems
+
+
+def member_view(group: GroupSnapshot, name: str) -> dict[str, Any] | None:
+    """One member's figures in its group, as ``kvplan top --json`` adds them to its rows."""
+    for m in group.members:
+        if m.name == name:
+            return {
+                "directory": group.directory,
+                "budget_bytes": group.budget_bytes,
+                "member": m.name,
+                "liveness": m.liveness,
+                "guarantee_bytes": m.guarantee_bytes,
+                "granted_bytes": m.granted_bytes,
+                "borrowed_bytes": m.borrowed_bytes,
+                "claim_bytes": m.claim_bytes,
+                "owed_bytes": m.owed_bytes,
+                "effective_limit_bytes": m.effective_limit_bytes,
+            }
+    return None
+
+
+def _b(n: int) -> str:
+    return human_bytes(n)
+
+
+def group_table(group: GroupSnapshot, width: int) -> Table:
+    """The group's figures and one line per member, within ``width`` columns."""
+    title = (
+        f"group {printable(group.directory, 60)}: budget {_b(group.budget_bytes)}, granted "
+        f"{_b(group.granted_bytes)}, free {_b(group.free_bytes)}, guaranteed "
+        f"{_b(group.guaranteed_bytes)}, borrowed {_b(group.borrowed_bytes)}, claimed "
+        f"{_b(group.claimed_bytes)}"
+    )
+    table = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
+    columns = ["member", "state", "guarantee", "granted", "borrowed", "claim", "limit", "x"]
+    if width < 80:
+        columns = columns[:-2]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("member", "state") else "right")
+    for m in group.members:
+        cells = [
+            printable(m.name, 24),
+            m.liveness,
+            _b(m.guarantee_bytes),
+            _b(m.granted_bytes),
+            _b(m.borrowed_bytes),
+            _b(m.claim_bytes),
+            _b(m.effective_limit_bytes),
+            f"{m.factor}",
+        ]
+        table.add_row(*[Text(c) for c in cells[: len(columns)]])
+    return table
+
+
+def change(directory: Path, size: int, member: str | None) -> tuple[GroupSnapshot, str]:
+    """``kvplan limit --group``: the budget (created if the group has none yet), or a
+    member's guarantee; the snapshot after it and a line saying what was done."""
+    if member is not None:
+        after = set_guarantee(directory, member, size)
+        return after, f"group {directory}: guarantee of {member} now {_b(size)}"
+    after = set_budget(directory, size, create=True)
+    return after, f"group {directory}: budget now {_b(size)}"
