@@ -105,7 +105,9 @@ class Scenario:
     snapshots: dict[str, Any] = field(default_factory=dict)
     """Group snapshots taken at moments of the scenario, by label."""
     top: list[dict[str, Any]] = field(default_factory=list)
-    """``kvplan top DIR --json`` after the restart."""
+    """``kvplan top DUMPS --json`` after the restart (one row per stats file)."""
+    top_group: dict[str, Any] = field(default_factory=dict)
+    """``kvplan top GROUP --json`` after the restart (the group's snapshot)."""
     seconds: float = 0.0
 
     def served(self, name: str) -> dict[str, Any]:
@@ -113,14 +115,13 @@ class Scenario:
         return served
 
 
-def _kvplan_top(directory: Path) -> list[dict[str, Any]]:
+def _kvplan_top(directory: Path) -> Any:
     done = subprocess.run(
         [sys.executable, "-m", "kvplan", "top", str(directory), "--json"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    found: list[dict[str, Any]] = json.loads(done.stdout)
-    return found
+    return json.loads(done.stdout)
 
 
 def _mapped_now(dump: Path) -> int:
@@ -211,6 +212,7 @@ def _run(python: Path, work: Path) -> Scenario:
     scenario.results["big"] = big.result(600)
     scenario.snapshots["restarted"] = read_snapshot(group).model_dump()
     scenario.top = _kvplan_top(dumps)
+    scenario.top_group = _kvplan_top(group)
     (control / "close-load").write_text("")
     co.wait_for("load done", lambda: co.done(control, "gemma", "load"), 600, live)
     scenario.phase_ends["load"] = time.time()
@@ -327,12 +329,24 @@ def test_the_killed_engine_restarted_rejoins(scenario: Scenario) -> None:
     assert members["llama"]["pid"] == restarted["pid"] != first["pid"]
     assert members["llama"]["liveness"] == "alive"
     assert "big" not in members
-    # kvplan top: the dead writer's snapshot, the restarted engine's, the survivor's
+    # kvplan top: the dead writer's snapshot, the restarted engine's, the survivor's, and
+    # each one's figures in the group (the member named llama is the restarted one)
     rows = {Path(r["path"]).parent.name: r for r in scenario.top}
     assert rows["llama-1"]["status"] == "dead" and rows["llama-1"]["alive"] is False
     assert rows["llama-2"]["status"] in ("running", "bound") and rows["llama-2"]["alive"]
     assert rows["llama-1"]["engine"] == rows["llama-2"]["engine"] == "llama"
     assert rows["gemma"]["status"] == "running"
+    for key, member in (("llama-2", "llama"), ("gemma", "gemma")):
+        view = rows[key]["group_view"]
+        assert view["member"] == member and view["liveness"] == "alive", view
+        assert view["budget_bytes"] == BUDGET and view["granted_bytes"] > 0
+    group = scenario.top_group
+    assert group["budget_bytes"] == BUDGET and group["granted_bytes"] <= BUDGET
+    assert {m["name"]: m["liveness"] for m in group["members"]} == {
+        "gemma": "alive",
+        "llama": "alive",
+    }
+    assert {m["name"]: m["pid"] for m in group["members"]}["llama"] == restarted["pid"]
     assert restarted["requests"] and all("finished" in r for r in restarted["requests"].values())
 
 
