@@ -286,9 +286,10 @@ class Samples:
 
 class Sampler:
     """Reads every engine's ``rank0.stats.json`` and the group snapshot every ``period``
-    seconds in a thread, until :meth:`stop`."""
+    seconds in a thread, until :meth:`stop` (a stats file is rewritten at most every half
+    second, so every snapshot is seen)."""
 
-    def __init__(self, dumps: dict[str, Path], group: Path, period: float = 0.02) -> None:
+    def __init__(self, dumps: dict[str, Path], group: Path, period: float = 0.05) -> None:
         self.dumps = dict(dumps)
         self.group = group
         self.period = period

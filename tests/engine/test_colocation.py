@@ -36,7 +36,7 @@ killed engine's run up to its last completed phase is replayed in a separate van
 
 **The budget, from outside.** A sampler thread in this process reads every engine's
 ``rank0.stats.json`` and the group's snapshot (``kvplan.elastic.group.read_snapshot``) every
-20 ms. A stats snapshot is exact at its own time, but another engine's file can be up to half a
+50 ms. A stats snapshot is exact at its own time, but another engine's file can be up to half a
 second old, so summing the latest files would add one engine's past to another's present. Each
 engine's process therefore also logs every change of what its worker maps, timed before and
 after (the larger value counts over that interval): the sum of every engine's log is checked at
@@ -72,8 +72,9 @@ the budget; busy at once they want about twice the budget. The floors (1.1 MiB, 
 engine 1.4 MiB) fit."""
 ENGINE = {**co.ENGINE, "max_num_seqs": 8}
 SEED = 20251201
-KILL_AT_BYTES = BUDGET // 4
-"""llama is killed in phase ``k`` once its stats file shows this much mapped (mid-burst)."""
+KILL_AT_BYTES = FLOOR["llama"] + 2 * BLOCK_BYTES["llama"]
+"""llama is killed in phase ``k`` once its stats file shows this much mapped: more than an
+idle llama holds (its null block and reserve), so it is mid-burst."""
 SHARE_SECONDS = 5.0
 
 BURSTS = [
@@ -83,11 +84,11 @@ BURSTS = [
     co.Burst("gemma", "ab", 10, gap=0.05),
     co.Burst("llama", "k", 16, gap=0.05),
     co.Burst("gemma", "k", 16, gap=0.05),
-    co.Burst("gemma", "load", 400, gap=0.25, new=(8, 16)),
+    co.Burst("gemma", "load", 300, gap=0.4, prompt=(20, 40), new=(4, 8)),
     co.Burst("llama2", "r", 10, gap=0.05),
 ]
 """The seeded trace (``load`` is closed when the engines started in it are up: most of its
-400 requests are never sent)."""
+300 requests are never sent)."""
 
 
 @dataclass
@@ -132,7 +133,7 @@ def _mapped_now(dump: Path) -> int:
         return 0
 
 
-def _run(python: Path, work: Path) -> Scenario:
+def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
     started = time.time()
     group, control, dumps = work / "group", work / "control", work / "dumps"
     group.mkdir()
@@ -140,7 +141,6 @@ def _run(python: Path, work: Path) -> Scenario:
     models = {n: write_model(m, work / f"model-{n}") for n, m in MODELS.items()}
     trace = co.trace(BURSTS, SEED)
     scenario = Scenario(work, group, trace)
-    engines: dict[str, co.Engine] = {}
 
     def start(
         key: str, name: str, model: str, requests: list[dict[str, Any]], **kw: Any
@@ -185,10 +185,13 @@ def _run(python: Path, work: Path) -> Scenario:
     def kill_llama() -> None:
         co.wait_for(
             "llama mid-burst",
-            lambda: _mapped_now(dumps / "llama-1") >= KILL_AT_BYTES,
+            lambda: (
+                _mapped_now(dumps / "llama-1") >= KILL_AT_BYTES or co.done(control, "llama", "k")
+            ),
             600,
             live,
         )
+        assert not co.done(control, "llama", "k"), "llama's burst ended before it was killed"
         scenario.killed_at = llama.kill()
         scenario.died_at = time.time()
         live.remove(llama)
@@ -238,7 +241,14 @@ def _run(python: Path, work: Path) -> Scenario:
 
 @pytest.fixture(scope="module")
 def scenario(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return _run(engine_python, tmp_path_factory.mktemp("coloc"))
+    engines: dict[str, co.Engine] = {}
+    try:
+        return _run(engine_python, tmp_path_factory.mktemp("coloc"), engines)
+    finally:
+        for e in engines.values():  # a failed scenario leaves no engine behind
+            if e.alive():
+                e.process.kill()
+                e.process.wait(30)
 
 
 def _logs(s: Scenario) -> dict[str, co.MappedLog]:
