@@ -101,7 +101,11 @@ def arm_setup(arm: str, engines: int, work: Path) -> list[tuple[dict[str, str], 
         dump = work / "dumps" / f"e{i}"
         if arm == "vanilla-split":
             env: dict[str, str] = {}
-            engine = {**ENGINE, "num_gpu_blocks_override": SHARE // BLOCK_BYTES}
+            engine = {
+                **ENGINE,
+                "num_gpu_blocks_override": SHARE // BLOCK_BYTES,
+                "kv_cache_memory_bytes": co.CAPACITY,
+            }
         elif arm == "kvplan-split":
             env = harness.kvplan_env(
                 "host-vmm", "elastic", dump, KVPLAN_CAPACITY=str(co.CAPACITY),

@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import driver  # the engine tests' weight re-draw and preemption counter
 
+REPLAY_KV_BYTES = 16 << 20
+"""The KV size a replay engine is told (its block count is the served engine's)."""
 POLL_SECONDS = 0.002
 """How long the idle loop sleeps between looks at the clock and the control folder."""
 
@@ -428,6 +430,9 @@ def run_replay(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
     recorder = Recorder()
     recorder.install()
     engine_args = {**job["engine"], "num_gpu_blocks_override": int(served["num_blocks"])}
+    # an explicit size: vLLM's own (total x utilization - this process's resident set, which
+    # the served engine grew) could leave nothing; the override sets the block count anyway
+    engine_args.setdefault("kv_cache_memory_bytes", REPLAY_KV_BYTES)
     before = driver._PREEMPTIONS[0]
     llm, scheduler = build({**job, "engine": engine_args})
     recorder.watch(scheduler)

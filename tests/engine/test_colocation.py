@@ -230,6 +230,7 @@ def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
         python, "llama-1", models["llama"], work / "replay-llama-1", llama.result_path,
         trace["llama"], engine=ENGINE,
     )  # fmt: skip
+    engines["replay-llama-1"] = replay
     scenario.results["llama-1"] = json.loads(llama.result_path.read_text())
     for key, e in (("gemma", gemma), ("llama-2", llama2)):
         scenario.results[key] = e.result(900)
