@@ -150,7 +150,7 @@ def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
         env = co.group_env(name, dumps / key, group, budget=BUDGET, capacity=capacity, **env_extra)
         engine = {**ENGINE, **kw.pop("engine", {})}
         e = co.start_engine(
-            python, name, models[model], work / f"run-{key}", control, env, requests,
+            python, key, models[model], work / f"run-{key}", control, env, requests,
             engine=engine, **kw,
         )  # fmt: skip
         engines[key] = e
@@ -176,22 +176,22 @@ def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
         time.sleep(0.6)  # the idle engines' last stats snapshots
 
     # 2. alternating bursts, then both at once
-    phase("a", ["llama"])
+    phase("a", ["llama-1"])
     scenario.snapshots["after-a"] = read_snapshot(group).model_dump()
     phase("b", ["gemma"])
-    phase("ab", ["llama", "gemma"])
+    phase("ab", ["llama-1", "gemma"])
 
     # 3. both burst; llama is killed mid-burst
     def kill_llama() -> None:
         co.wait_for(
             "llama mid-burst",
             lambda: (
-                _mapped_now(dumps / "llama-1") >= KILL_AT_BYTES or co.done(control, "llama", "k")
+                _mapped_now(dumps / "llama-1") >= KILL_AT_BYTES or co.done(control, "llama-1", "k")
             ),
             600,
             live,
         )
-        assert not co.done(control, "llama", "k"), "llama's burst ended before it was killed"
+        assert not co.done(control, "llama-1", "k"), "llama's burst ended before it was killed"
         scenario.killed_at = llama.kill()
         scenario.died_at = time.time()
         live.remove(llama)
@@ -221,7 +221,7 @@ def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
     scenario.phase_ends["load"] = time.time()
 
     # 5. the restarted llama bursts
-    phase("r", ["llama"])
+    phase("r", ["llama-2"])
     scenario.samples = sampler.stop()
     (control / "end").write_text("")
 
