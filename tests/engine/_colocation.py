@@ -49,8 +49,9 @@ CAPACITY = 16 << 20
 
 @dataclass(frozen=True)
 class Burst:
-    """``count`` requests of one engine, arriving ``gap`` seconds apart from ``start`` (seconds
-    after the phase opens), prompts of ``prompt`` tokens (a range), ``new`` generated."""
+    """``count`` requests of one engine, the first ``start`` seconds after the phase opens, then
+    one every ``gap`` seconds on average (each gap drawn from 0.5-1.5 ``gap``), prompts of
+    ``prompt`` tokens (a range), ``new`` generated."""
 
     engine: str
     phase: str
@@ -68,17 +69,19 @@ def trace(bursts: list[Burst], seed: int, vocab: int = 512) -> dict[str, list[di
     out: dict[str, list[dict[str, Any]]] = {}
     for burst in bursts:
         items = out.setdefault(burst.engine, [])
+        at = burst.start
         for i in range(burst.count):
             length = rng.randint(*burst.prompt)
             items.append(
                 {
                     "id": f"{burst.engine}{burst.phase}{i}",
                     "phase": burst.phase,
-                    "at": round(burst.start + i * burst.gap * rng.uniform(0.5, 1.5), 4),
+                    "at": round(at, 4),
                     "prompt": [rng.randrange(3, vocab) for _ in range(length)],
                     "max_tokens": rng.randint(*burst.new),
                 }
             )
+            at += burst.gap * rng.uniform(0.5, 1.5)
     return out
 
 

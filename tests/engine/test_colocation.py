@@ -84,11 +84,11 @@ BURSTS = [
     co.Burst("gemma", "ab", 10, gap=0.05),
     co.Burst("llama", "k", 16, gap=0.05),
     co.Burst("gemma", "k", 16, gap=0.05),
-    co.Burst("gemma", "load", 300, gap=0.4, prompt=(20, 40), new=(4, 8)),
+    co.Burst("gemma", "load", 120, gap=1.0, prompt=(20, 60), new=(2, 6)),
     co.Burst("llama2", "r", 10, gap=0.05),
 ]
 """The seeded trace (``load`` is closed when the engines started in it are up: most of its
-300 requests are never sent)."""
+120 requests are never sent)."""
 
 
 @dataclass
