@@ -91,11 +91,11 @@ def ramp_trace(engines: int, seed: int) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def arm_setup(arm: str, engines: int, work: Path) -> list[tuple[dict[str, str], dict[str, Any]]]:
+def arm_setup(
+    arm: str, engines: int, work: Path, group: Path
+) -> list[tuple[dict[str, str], dict[str, Any]]]:
     """Per engine: its environment and engine arguments in ``arm``."""
     budget = engines * SHARE
-    group = work / "group"
-    group.mkdir(parents=True, exist_ok=True)
     out = []
     for i in range(engines):
         dump = work / "dumps" / f"e{i}"
@@ -154,9 +154,21 @@ def summarize(result: dict[str, Any], t0: float, requests: list[dict[str, Any]])
 def run_arm(
     python: Path, arm: str, engines: int, trace: dict[str, list[dict[str, Any]]], work: Path
 ) -> dict[str, Any]:
+    with co.group_directory(work) as group:
+        return _run_arm(python, arm, engines, trace, work, group)
+
+
+def _run_arm(
+    python: Path,
+    arm: str,
+    engines: int,
+    trace: dict[str, list[dict[str, Any]]],
+    work: Path,
+    group: Path,
+) -> dict[str, Any]:
     model = write_model("llama", work / "model")
     control = work / "control"
-    setups = arm_setup(arm, engines, work)
+    setups = arm_setup(arm, engines, work, group)
     procs = []
     for i, (env, engine) in enumerate(setups):
         name = f"e{i}"
@@ -172,10 +184,16 @@ def run_arm(
                 engine=engine,
             )
         )
-    co.wait_for(f"{arm} ready", lambda: all(p.ready() for p in procs), 900, procs)
-    load_before = os.getloadavg()
-    t0 = co.go(control, "t", delay=1.0)
-    results = [p.result(1800) for p in procs]
+    try:
+        co.wait_for(f"{arm} ready", lambda: all(p.ready() for p in procs), 900, procs)
+        load_before = os.getloadavg()
+        t0 = co.go(control, "t", delay=1.0)
+        results = [p.result(1800) for p in procs]
+    finally:
+        for p in procs:
+            if p.alive():
+                p.process.kill()
+                p.process.wait(30)
     per_engine = {f"e{i}": summarize(r, t0, trace[f"e{i}"]) for i, r in enumerate(results)}
     first = min(e["first_arrival"] for e in per_engine.values())
     last = max(e["last_finish"] for e in per_engine.values())

@@ -94,11 +94,12 @@ class Recorder:
         def recorded_schedule(*args: Any, **kwargs: Any) -> Any:
             recorder.in_schedule = True
             recorder.counts, recorder.free, recorder.preempted = [], [], []
+            t0 = time.perf_counter()
             try:
                 out = schedule(*args, **kwargs)
             finally:
                 recorder.in_schedule = False
-            recorder.end_step(out)
+            recorder.end_step(out, time.perf_counter() - t0)
             return out
 
         def recorded_preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -149,9 +150,10 @@ class Recorder:
             if back < target - real:
                 self.mismatches.append(f"step {self.step}: {target} free wanted, {real} free")
 
-    def end_step(self, out: Any) -> None:
+    def end_step(self, out: Any, seconds: float) -> None:
         entry: dict[str, Any] = {
             "t": time.time(),
+            "schedule_s": round(seconds, 6),
             "scheduled": {external(k): int(v) for k, v in sorted(out.num_scheduled_tokens.items())},
             "preempted": [external(r) for r in self.preempted],
             "counts": list(self.counts),
@@ -260,8 +262,15 @@ def serve(
     """Serve the job's requests as their phases open (see the module doc); ``flush(state)``
     after each phase is done (a process killed later leaves the record up to there)."""
     engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
     name = job["name"]
     requests = Requests(job["requests"])
+
+    def busy() -> bool:
+        """vLLM's engine core steps while its scheduler has requests: unfinished ones, or
+        finished ones not yet reported (that step carries the last unmaps)."""
+        return bool(engine.has_unfinished_requests() or scheduler.has_requests())
+
     phases: list[str] = list(dict.fromkeys(r["phase"] for r in job["requests"]))
     starts: dict[str, float] = {}
     pending = sorted(job["requests"], key=lambda r: (phases.index(r["phase"]), r["at"], r["id"]))
@@ -285,7 +294,7 @@ def serve(
             (control / f"{name}.done-{phase}").write_text(f"{time.time()}\n")
 
     linger = bool(job.get("linger"))
-    while pending or engine.has_unfinished_requests() or (linger and not stopped):
+    while pending or busy() or (linger and not stopped):
         now = time.time()
         if now >= next_look:
             next_look = now + 0.02
@@ -312,7 +321,7 @@ def serve(
             pending.pop(0)
             engine.add_request(r["id"], prompt_of(r["prompt"]), params(int(r["max_tokens"])))
             requests.added(r["id"], recorder.step)
-        if engine.has_unfinished_requests():
+        if busy():
             for rid in requests.outputs(engine.step()):
                 waiting[requests.spec[rid]["phase"]].discard(rid)
             check_done()
@@ -331,6 +340,7 @@ def replay(
 ) -> dict[str, Any]:
     """Replay ``served`` (a serve result) in this (vanilla) engine, step by step."""
     engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
     requests = Requests(job["requests"])
     arrivals: dict[int, list[str]] = {}
     for rid, state in served["requests"].items():
@@ -343,7 +353,7 @@ def replay(
             spec = requests.spec[rid]
             engine.add_request(rid, prompt_of(spec["prompt"]), params(int(spec["max_tokens"])))
             requests.added(rid, recorder.step)
-        if not engine.has_unfinished_requests():
+        if not (engine.has_unfinished_requests() or scheduler.has_requests()):
             recorder.mismatches.append(f"step {recorder.step}: nothing to schedule")
             break
         before = recorder.step

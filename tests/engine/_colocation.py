@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +90,23 @@ def trace(bursts: list[Burst], seed: int, vocab: int = 512) -> dict[str, list[di
 
 
 # -- engines as processes ---------------------------------------------------------------------
+
+
+@contextmanager
+def group_directory(fallback: Path) -> Iterator[Path]:
+    """A fresh group directory on a tmpfs (``/dev/shm``: a grant change there costs a fraction
+    of a millisecond, against milliseconds of fsync on a disk, see docs/elastic.md), removed
+    afterwards; under ``fallback`` where there is no ``/dev/shm``."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        directory = Path(tempfile.mkdtemp(prefix="kvplan-group-", dir=shm))
+    else:
+        directory = fallback / "group"
+        directory.mkdir(parents=True)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def group_env(

@@ -133,10 +133,9 @@ def _mapped_now(dump: Path) -> int:
         return 0
 
 
-def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
+def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -> Scenario:
     started = time.time()
-    group, control, dumps = work / "group", work / "control", work / "dumps"
-    group.mkdir()
+    control, dumps = work / "control", work / "dumps"
     dumps.mkdir()
     models = {n: write_model(m, work / f"model-{n}") for n, m in MODELS.items()}
     trace = co.trace(BURSTS, SEED)
@@ -243,8 +242,10 @@ def _run(python: Path, work: Path, engines: dict[str, co.Engine]) -> Scenario:
 @pytest.fixture(scope="module")
 def scenario(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     engines: dict[str, co.Engine] = {}
+    work = tmp_path_factory.mktemp("coloc")
     try:
-        return _run(engine_python, tmp_path_factory.mktemp("coloc"), engines)
+        with co.group_directory(work) as group:
+            return _run(engine_python, work, group, engines)
     finally:
         for e in engines.values():  # a failed scenario leaves no engine behind
             if e.alive():
