@@ -77,15 +77,17 @@ KILL_AT_BYTES = FLOOR["llama"] + 2 * BLOCK_BYTES["llama"]
 idle llama holds (its null block and reserve), so it is mid-burst."""
 SHARE_SECONDS = 5.0
 
+LONG = {"prompt": (60, 90), "new": (28, 36)}
+"""A burst's requests: 3-4 blocks each at the end."""
 BURSTS = [
-    co.Burst("llama", "a", 12, gap=0.05),
-    co.Burst("gemma", "b", 12, gap=0.05),
-    co.Burst("llama", "ab", 10, gap=0.05),
-    co.Burst("gemma", "ab", 10, gap=0.05),
-    co.Burst("llama", "k", 16, gap=0.05),
-    co.Burst("gemma", "k", 16, gap=0.05),
+    co.Burst("llama", "a", 12, gap=0.05, **LONG),
+    co.Burst("gemma", "b", 12, gap=0.05, **LONG),
+    co.Burst("llama", "ab", 10, gap=0.05, **LONG),
+    co.Burst("gemma", "ab", 10, gap=0.05, **LONG),
+    co.Burst("llama", "k", 16, gap=0.05, **LONG),
+    co.Burst("gemma", "k", 16, gap=0.05, **LONG),
     co.Burst("gemma", "load", 120, gap=1.0, prompt=(20, 60), new=(2, 6)),
-    co.Burst("llama2", "r", 10, gap=0.05),
+    co.Burst("llama2", "r", 10, gap=0.05, **LONG),
 ]
 """The seeded trace (``load`` is closed when the engines started in it are up: most of its
 120 requests are never sent)."""
@@ -200,7 +202,6 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
 
     # 4. gemma serves a trickle; llama restarts, told-load starts, big is refused
     scenario.phase_starts["load"] = co.go(control, "load")
-    co.wait_for("load", lambda: _mapped_now(dumps / "gemma") > 0, 60, live)
     llama2 = start("llama-2", "llama", "llama", trace["llama2"], linger=True, then_replay=True)
     sampler.add("llama-2", dumps / "llama-2")
     live.append(llama2)
