@@ -114,3 +114,29 @@ def test_grants_are_given_back_only_when_the_unmaps_are_confirmed(tmp_path: Path
     side.confirm(ops.seq)
     assert side.group.granted < granted  # type: ignore[union-attr]
     assert side.group.granted >= side.ledger.mapped_bytes  # type: ignore[union-attr]
+
+
+def test_an_engine_that_goes_idle_gives_back_its_grant_at_once(tmp_path: Path) -> None:
+    """vLLM does not step an engine with nothing to schedule, so the step that empties it is
+    the last chance to give back: the hysteresis (no voluntary shrink within a second of
+    growing) must not keep a burst's grant borrowed for as long as the engine idles."""
+    block_bytes = 4 * 4 * 1024
+    budget = 128 * block_bytes
+    set_budget(tmp_path, budget, create=True)
+    pool, side = _member_side(tmp_path, "bursty", guarantee_blocks=8)
+    group = side.group
+    assert group is not None
+    group.hold_seconds = 60.0  # the grant grew "just now" for the whole test
+    blocks = pool.get_new_blocks(64)  # a burst: the grant grows far past the guarantee
+    _step(side)
+    grown = group.granted
+    assert grown >= side.ledger.mapped_bytes >= 64 * block_bytes
+    pool.free_blocks(blocks)
+    side.before_schedule()  # the step after the burst: its blocks are unbacked
+    ops = side.ops()
+    assert ops is not None and ops.unmap
+    side.confirm(ops.seq)  # requests are still waiting: the hysteresis holds the grant
+    assert group.granted == grown
+    side.confirm(ops.seq, idle=True)  # nothing left to schedule: everything unmapped goes back
+    assert group.granted == side.ledger.mapped_bytes < 2 * block_bytes
+    assert _charged(tmp_path) == side.ledger.mapped_bytes

@@ -288,7 +288,8 @@ class ElasticMode:
         result = call.run()
         seq = getattr(output, SEQ_ATTR, None)
         if side is not None and seq is not None:
-            side.confirm(seq)
+            has_requests = getattr(scheduler, "has_requests", None)
+            side.confirm(seq, idle=callable(has_requests) and not has_requests())
         return result
 
     def shutdown(self, runtime: Runtime, call: Call) -> Any:

@@ -138,17 +138,25 @@ class SchedulerSide:
             exc.diagnostics[0].render() if exc.diagnostics else exc,
         )
 
-    def confirm(self, seq: int) -> None:
+    def confirm(self, seq: int, *, idle: bool = False) -> None:
         """The output of the step scheduled after operations ``seq`` arrived: the workers ran
         them, so the bytes they unbacked are unmapped; give the grant back down to what may
-        still be mapped (the group's hysteresis decides how much)."""
+        still be mapped (the group's hysteresis decides how much). ``idle``: the scheduler
+        has nothing left to schedule, so vLLM will not step (and this engine not tick) until
+        a request arrives; everything above what is mapped goes back now, whatever the
+        hysteresis says — else a grant that grew in the last second would stay borrowed for
+        as long as the engine idles."""
         for done in [s for s in self.unconfirmed if s <= seq]:
             del self.unconfirmed[done]
         group = self.group
         if group is None or self.group_failed:
             return
+        mapped = self.ledger.mapped_bytes + sum(self.unconfirmed.values())
         try:
-            group.release(self.ledger.mapped_bytes + sum(self.unconfirmed.values()))
+            if idle and not self.unconfirmed:
+                group.give_back(mapped)
+            else:
+                group.release(mapped)
         except KVPlanError as exc:
             self.fail_group(exc)
 
