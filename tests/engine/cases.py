@@ -53,7 +53,9 @@ host-vmm warns (``KVP308``, the last chunk partly unused) and ``KVPLAN_STRICT=1`
 class ModelCase:
     model: str
     breakages: tuple[str, ...]
-    """Negative controls run on this model (``swap``, ``private-sharers``)."""
+    """Negative controls run on this model (``swap``, ``private-sharers``): each with
+    ``KVPLAN_STRICT=0`` (it serves, its tokens must differ from vanilla's, and kvplan's
+    rebind watch must have warned ``KVP507``), the first also strict (refused, ``KVP507``)."""
 
     def variants(self, work: Path, elastic: bool = True) -> list[Variant]:
         """Every engine of the case; ``elastic=False``: the release serves elastic mode not
@@ -66,8 +68,21 @@ class ModelCase:
             )
             for name, backend, mode in KVPLAN_VARIANTS
         ]
-        broken = [Variant(k, kvplan_env("torch", "eager"), breakage=k) for k in self.breakages]
-        return [kvplan[0], Variant("vanilla"), *kvplan[1:], *broken]
+        # not strict: kvplan's rebind watch sees the breakage (KVP507) and only warns, so
+        # the engine serves over the wrong binding and its tokens must change
+        lenient = kvplan_env("torch", "eager", KVPLAN_STRICT="0")
+        broken = [Variant(k, lenient, breakage=k) for k in self.breakages]
+        # strict (as every other kvplan engine here): the same breakage is refused at start-up
+        refused = Variant(
+            strict_control(self.breakages[0]), kvplan_env("torch", "eager"),
+            breakage=self.breakages[0], expect_refusal=True,
+        )  # fmt: skip
+        return [kvplan[0], Variant("vanilla"), *kvplan[1:], *broken, refused]
+
+
+def strict_control(breakage: str) -> str:
+    """The variant name of ``breakage`` under ``KVPLAN_STRICT=1`` (it must not start)."""
+    return f"{breakage}-strict"
 
 
 MODEL_CASES = {

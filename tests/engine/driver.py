@@ -302,6 +302,8 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     started = time.perf_counter()
     llm = LLM(model=job["model"], **engine)
     startup_s = time.perf_counter() - started
+    if variant.get("rebind_after_start"):
+        return _rebound(variant, llm, job)
     redrawn = _REDRAWN.pop() if _REDRAWN else 0
     params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True)
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
@@ -357,23 +359,54 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     return result
 
 
+def _error_chain(exc: BaseException) -> str:
+    """Every diagnostic (or message) of ``exc`` and its causes, one per line."""
+    from kvplan.schemas.errors import KVPlanError
+
+    texts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KVPlanError):
+            texts.extend(d.render() for d in seen.diagnostics)
+        else:
+            texts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return "\n".join(texts)
+
+
+def _rebound(variant: dict[str, Any], llm: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """Swap two attention layers' caches after start-up, then try one step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvplan.integrations.vllm import plugin
+
+    context = llm.llm_engine.vllm_config.compilation_config.static_forward_context
+    layers = [v for _, v in sorted(context.items()) if getattr(v, "kv_cache", None) is not None]
+    first, last = layers[0], layers[-1]
+    first.kv_cache, last.kv_cache = last.kv_cache, first.kv_cache
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    result: dict[str, Any] = {"name": variant["name"], "step_refused": False, "error": ""}
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=list(job["prompts"][0]))], params,
+                     use_tqdm=False)  # fmt: skip
+    except Exception as exc:  # the refusal under test
+        result.update(step_refused=True, error=_error_chain(exc))
+    result.update(active=plugin.is_active(), stats=plugin.stats())
+    del llm
+    gc.collect()
+    return result
+
+
 def _refusal(variant: dict[str, Any], start: Any) -> dict[str, Any]:
     """Start an engine that should refuse; record every diagnostic of the error chain."""
     from kvplan.integrations.vllm import plugin
-    from kvplan.schemas.errors import KVPlanError
 
     result: dict[str, Any] = {"name": variant["name"], "refused": False, "error": ""}
     try:
         llm = start()
     except Exception as exc:  # the refusal under test
-        texts, seen = [], exc
-        while seen is not None:
-            if isinstance(seen, KVPlanError):
-                texts.extend(d.render() for d in seen.diagnostics)
-            else:
-                texts.append(f"{type(seen).__name__}: {seen}")
-            seen = seen.__cause__ or seen.__context__
-        result.update(refused=True, error="\n".join(texts))
+        result.update(refused=True, error=_error_chain(exc))
     else:
         del llm
     result.update(active=plugin.is_active(), stats=plugin.stats())

@@ -328,6 +328,10 @@ class Variant:
     reported_map_failure: bool = False
     """The map ``KVPLAN_DEBUG_FAIL_MAP`` names succeeds but is reported as failed (test-only:
     the reference a real failure's tokens are compared with)."""
+    rebind_after_start: bool = False
+    """Once the engine has started (kvplan bound and checked its caches), the driver swaps the
+    caches of the first and last attention layers of the forward context, as a misbehaving
+    connector or plugin might; the driver records whether the first step was refused."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -338,6 +342,7 @@ class Variant:
             "expect_refusal": self.expect_refusal,
             "idle_step": self.idle_step,
             "reported_map_failure": self.reported_map_failure,
+            "rebind_after_start": self.rebind_after_start,
         }
 
 

@@ -25,6 +25,7 @@ from tests.engine.cases import (
     RELEASE_CASES,
     RELEASE_MODELS,
     SHARED,
+    strict_control,
 )
 from tests.engine.conftest import Runs
 
@@ -78,7 +79,8 @@ def test_plugin_really_bound(release: str, model: str, engine_run: Runs) -> None
         assert variant["redrawn_parameters"] > 0
     vanilla = run.variants["vanilla"]
     assert not vanilla["active"] and vanilla["stats"]["bound"] == 0
-    kvplan_engines = len(kvplan_variants) + len(MODEL_CASES[model].breakages)
+    # + 1: the strict control binds too; its rebind watch refuses just after
+    kvplan_engines = len(kvplan_variants) + len(MODEL_CASES[model].breakages) + 1
     assert run.log.count(" runner bound ") == kvplan_engines
     for _, backend, mode in kvplan_variants:
         assert f"with {backend} ({mode})" in run.log
@@ -136,3 +138,25 @@ def test_a_broken_binding_changes_the_tokens(
     run = engine_run(model, release)
     assert run.variants[breakage]["stats"]["bound"] == 1
     assert run.tokens(breakage) != run.tokens("vanilla"), f"{model}: {breakage} went unnoticed"
+    # and kvplan saw it: its rebind watch warned (the engine is not strict)
+    assert "KVP507" in _variant_log(run.log, breakage), f"{model}: {breakage}: no KVP507"
+
+
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_a_broken_binding_is_refused_under_strict(
+    release: str, model: str, engine_run: Runs
+) -> None:
+    """A layer rebound after kvplan bound it (here by a wrapped ``bind_kv_cache``) is
+    ``KVP507``; ``KVPLAN_STRICT=1`` refuses to serve over it."""
+    run = engine_run(model, release)
+    refused = run.variants[strict_control(MODEL_CASES[model].breakages[0])]
+    assert refused["refused"], refused
+    assert "KVP507" in refused["error"], refused["error"]
+
+
+def _variant_log(log: str, name: str) -> str:
+    """The part of a driver's log written while variant ``name`` ran."""
+    start = log.find(f"driver: variant {name}\n")
+    assert start >= 0, name
+    end = log.find("driver: variant ", start + 1)
+    return log[start : end if end >= 0 else len(log)]

@@ -20,11 +20,10 @@ pass then fails the suite, to be turned into a plain test). What happens today i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import os
 
 import pytest
 
