@@ -8,7 +8,7 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src"
 MAX_LINES = 700
-PENDING = {"kvplan/render/_svg.py": "render/ belongs to another engineer (795 lines, to split)"}
+PENDING: dict[str, str] = {}
 """Modules known to be over the bound, with why they are not split here; an entry is removed
 once its module is split (``test_pending_modules_are_still_over_the_bound`` says when)."""
 

@@ -29,8 +29,8 @@ from kvplan.render._svg import (
     esc,
     exact,
     pool_band,
-    pool_zoom,
 )
+from kvplan.render._zoom import pool_zoom
 from kvplan.render.elastic import EngineView, elastic_page
 from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
