@@ -361,24 +361,46 @@ def test_a_failed_map_goes_to_the_scheduler_that_sent_the_step() -> None:
         assert side.failed[ops.seq].blocks == ops.map
 
 
-@pytest.mark.parametrize("why", ["poison", "other process"])
-def test_a_failed_map_that_cannot_be_recovered_refuses_the_step(why: str) -> None:
+def test_a_failed_map_that_cannot_run_refuses_the_step() -> None:
     pool, side, _ = _side()
     pool.get_new_blocks(2)
     ops = side.ops()
     assert ops is not None
-    worker = _worker(ElasticSettings(poison=why == "poison"))
+    worker = _worker(ElasticSettings(poison=True))
     with worker.cache:
-        # another process: the worker holds an unpickled copy, not the object its scheduler sent
-        sent = pickle.loads(pickle.dumps(ops)) if why == "other process" else ops
         with pytest.raises(KVPlanError) as refused:
-            elastic.hand_over([side], worker, sent, _failure(worker, sent))
+            elastic.hand_over([side], worker, ops, _failure(worker, ops))
         assert refused.value.code is Code.ELASTIC_MAP_FAILED
-        text = refused.value.diagnostics[0].message
-        assert ("KVPLAN_POISON" in text) == (why == "poison")
-        assert ("another process" in text) == (why == "other process")
+        assert "KVPLAN_POISON" in refused.value.diagnostics[0].message
         assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
         assert not side.failed
+
+
+def test_a_failed_map_for_a_scheduler_in_another_process_rides_on_the_output() -> None:
+    """The worker holds an unpickled copy of the operations (multiprocess executor): the
+    failure becomes a report on the step's output, which the scheduler reads back."""
+    pool, side, _ = _side()
+    pool.get_new_blocks(2)
+    ops = side.ops()
+    assert ops is not None
+    worker = _worker()
+    with worker.cache:
+        sent = pickle.loads(pickle.dumps(ops))
+        report = elastic.hand_over([side], worker, sent, _failure(worker, sent))
+        assert report is not None and not side.failed
+        assert (report.seq, report.blocks, report.ranks) == (ops.seq, ops.map, (0,))
+        assert "out of memory" in report.message
+
+        class Output:  # a ModelRunnerOutput's shape: a plain object with req_ids
+            req_ids = ("a",)
+
+        shared = Output()
+        carried = elastic.with_report(shared, report)
+        assert carried is not shared and elastic.report_of(shared) is None
+        back = pickle.loads(pickle.dumps(elastic.report_of(carried)))  # the trip back
+        failed = back.failure()
+        assert (failed.seq, failed.blocks) == (ops.seq, ops.map)
+        assert failed.error.code is Code.ELASTIC_MAP_FAILED
 
 
 def test_free_ids_follow_vllms_queue_lazily() -> None:

@@ -57,7 +57,7 @@ def install_rank_failure(rank: int, number: int) -> None:
     import logging
 
     from kvplan.executor.backends.faults import FaultyBackend
-    from kvplan.integrations.vllm import _elastic
+    from kvplan.integrations.vllm import elastic as _elastic
 
     real = _elastic.WorkerSide._map
 

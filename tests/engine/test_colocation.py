@@ -206,11 +206,12 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
     sampler.add("llama-2", dumps / "llama-2")
     live.append(llama2)
     loaded = start("told-load", "told-load", "llama", [], capacity=None, engine=told)
+    # big's guarantee fits beside gemma's alone: it must ask once the restarted llama is back
+    co.wait_for("llama restarted", llama2.ready, 600, live)
     big = start(
         "big", "big", "llama", [], expect_refusal=True,
         env={"KVPLAN_GROUP_GUARANTEE": str(BUDGET - FLOOR["gemma"] - FLOOR["llama"] + 4096)},
     )  # fmt: skip
-    co.wait_for("llama restarted", llama2.ready, 600, live)
     scenario.results["told-load"] = loaded.result(600)
     scenario.results["big"] = big.result(600)
     scenario.snapshots["restarted"] = read_snapshot(group).model_dump()

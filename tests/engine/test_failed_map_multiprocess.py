@@ -1,26 +1,22 @@
-"""A failed map across processes: the tests that must pass once kvplan recovers there.
+"""A failed map across processes is running out of blocks, as in-process.
 
-In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``test_elastic.py``) a map that fails on
-the worker becomes "out of blocks": the worker rolls it back and hands the failure to the
-scheduler object in its own process, which preempts the requests that used the blocks. With
-vLLM's multiprocess executor -- its default, and every tensor-parallel engine -- the
-scheduler is in another process and only the output rank's ``ModelRunnerOutput`` reaches it,
-so kvplan stops the engine with ``KVP532`` instead (``hand_over`` in the elastic module).
-These tests describe the behaviour wanted there (design: ``docs/notes/
-failed-map-multiprocess.md``): requests preempted, the engine alive, tokens as the
-reference run's (the same map made, then reported as failed: the same recovery without a
+With vLLM's multiprocess executor -- its default, and every tensor-parallel engine -- the
+scheduler runs in the engine core's process and only the output rank's ``ModelRunnerOutput``
+reaches it. So when a map fails on any rank, the ranks first agree on it before the forward
+(one gloo all-reduce over the TP group), the ranks that mapped roll back too, the step runs
+with those pages unbacked (scratch), and the failure rides on the step's output to the
+scheduler, which preempts the requests that used the blocks (design: ``docs/notes/
+failed-map-multiprocess.md``). Checked here: requests preempted, the engine alive, tokens as
+the reference run's (the same map made, then reported as failed: the same recovery without a
 step over unbacked memory), under the default executor at TP=1, and at TP=2 with the failure
-on every rank or on rank 1 alone (which the output rank does not see).
-
-They fail today, so they are reported as expected failures (``XFAIL`` in the summary,
-not run: each costs minutes of engines); ``KVPLAN_RUN_MP_RECOVERY=1`` runs them, strictly (a
-pass then fails the suite, to be turned into a plain test). What happens today is tested:
-``test_today_a_failed_map_across_processes_stops_the_engine_with_kvp532``.
+on every rank or on rank 1 alone (which the output rank does not see). Under
+``KVPLAN_POISON=1`` (unbacked pages fault) the engine stops with ``KVP532`` -- at once, also
+when only rank 1 failed (before the agreement, the output rank hung in the forward's
+all-reduce).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,26 +27,15 @@ from tests.engine._multiproc import dumped, run_mp
 from tests.engine._worker_hooks import HOOKS_ENV
 from tests.engine.harness import EngineRun, Variant, kvplan_env
 
-RUN_WANTED = os.environ.get("KVPLAN_RUN_MP_RECOVERY") == "1"
-WANTED = [
-    pytest.mark.needs_mp_recovery,
-    pytest.mark.xfail(
-        reason="a failed map is not yet recovered across processes: the engine stops with "
-        "KVP532 (docs/notes/failed-map-multiprocess.md)",
-        run=RUN_WANTED,
-        strict=True,
-    ),
-]
-
 FAILED_MAP = 2
 """The map (of each worker, 1-based) that fails: the second maps a block a request grows
 into while decoding (the first maps the first round's prompts)."""
 FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
 STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60"}
-"""Today a failure on a rank that is not the output rank leaves the output rank waiting in
-the forward's all-reduce: the engine core gives up after ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``
-(default 300 s, bounded here so that the test fails in a minute) and dies; the output rank's
-worker, orphaned, spins on (the harness kills it after the driver exits)."""
+"""Were the ranks not to agree, a failure on a rank that is not the output rank would leave
+the output rank waiting in the forward's all-reduce until the engine core gives up after
+``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (default 300 s, bounded here so that such a test fails
+in a minute rather than five)."""
 CASES = {
     "tp1": (1, "every"),
     "tp2-every-rank": (2, "every"),
@@ -105,8 +90,6 @@ def _stats(run: EngineRun, dump: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@WANTED[0]
-@WANTED[1]
 def test_a_failed_map_is_running_out_of_blocks_across_processes(
     case: str, failed_run: Callable[[str], EngineRun]
 ) -> None:
@@ -125,8 +108,6 @@ def test_a_failed_map_is_running_out_of_blocks_across_processes(
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@WANTED[0]
-@WANTED[1]
 def test_the_engine_keeps_serving_after_a_failed_map(
     case: str, failed_run: Callable[[str], EngineRun]
 ) -> None:
@@ -138,18 +119,21 @@ def test_the_engine_keeps_serving_after_a_failed_map(
     assert [r["cached"] for r in failed["rounds"]] == [r["cached"] for r in reference["rounds"]]
 
 
-def test_today_a_failed_map_across_processes_stops_the_engine_with_kvp532(
+def test_under_poison_a_failed_map_on_one_rank_stops_the_engine_at_once(
     engine_python: Path, llama_checkpoint: Path, tmp_path: Path
 ) -> None:
-    """Under vLLM's default multiprocess executor the scheduler cannot be told which blocks
-    a worker failed to map, so kvplan stops the engine, saying why, rather than step over
-    unbacked memory or lose the failure."""
-    work = tmp_path / "failed-map-today"
-    failing = Variant("map-fails", kvplan_env("host-vmm", "elastic", work / "dump", **FAIL))
+    """``KVPLAN_POISON=1``: unbacked pages fault, so the step cannot run unbacked. Rank 1
+    alone fails; both ranks learn it before the forward and refuse the step (``KVP532``), so
+    the output rank's refusal stops the engine -- no rank is left waiting in a collective."""
+    work = tmp_path / "failed-map-poison"
+    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
+    env = kvplan_env("host-vmm", "elastic", work / "dump", KVPLAN_POISON="1", **hook)
     with pytest.raises(AssertionError) as failed:
         run_mp(
-            engine_python, llama_checkpoint, [failing], work, tp=1, extra_env=STEP_TIMEOUT,
-            timeout=600,
+            engine_python, llama_checkpoint, [Variant("map-fails", env)], work, tp=2,
+            extra_env=STEP_TIMEOUT, timeout=600,
         )  # fmt: skip
     log = (work / "engine.log").read_text(errors="replace")
     assert "KVP532" in log, str(failed.value)[-2000:]
+    assert "rank 1 could not back" in log or "on rank 1" in log, log[-3000:]
+    assert "timed out" not in log, log[-3000:]

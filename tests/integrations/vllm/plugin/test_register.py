@@ -80,6 +80,7 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
         "vllm.v1.core.sched.scheduler.Scheduler.__init__",
         "vllm.v1.core.sched.scheduler.Scheduler.schedule",
         "vllm.v1.core.sched.scheduler.Scheduler.update_from_output",
+        "vllm.v1.worker.gpu_worker.Worker.sample_tokens",
     }
     step = {t.name for t in _targets() if t.role == "step"}  # both modes: the rebind watch
     assert step == {"vllm.v1.worker.gpu_worker.Worker.execute_model"}

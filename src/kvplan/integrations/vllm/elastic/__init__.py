@@ -39,7 +39,14 @@ from kvplan.integrations.vllm.elastic._ops import (
     sampled_blocks,
 )
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
-from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
+from kvplan.integrations.vllm.elastic._recovery import (
+    MapFailureReport,
+    agree_across_ranks,
+    hand_over,
+    recover_failed_map,
+    report_of,
+    with_report,
+)
 from kvplan.integrations.vllm.elastic._refusals import elastic_limit_too_small
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
@@ -63,9 +70,11 @@ __all__ = [
     "ElasticOps",
     "ElasticSettings",
     "MapFailed",
+    "MapFailureReport",
     "SchedulerSide",
     "StatsReporter",
     "WorkerSide",
+    "agree_across_ranks",
     "attach_worker",
     "default_limits",
     "detach_cache",
@@ -78,9 +87,11 @@ __all__ = [
     "make_elastic",
     "read_elastic_settings",
     "recover_failed_map",
+    "report_of",
     "sampled_blocks",
     "scheduler_ledger",
     "side_of",
+    "with_report",
     "worker_of",
     "worker_side",
 ]

@@ -23,7 +23,13 @@ from kvplan.integrations.vllm.elastic import _refusals as refusals
 from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
 from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, SEQ_ATTR, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
-from kvplan.integrations.vllm.elastic._recovery import hand_over, recover_failed_map
+from kvplan.integrations.vllm.elastic._recovery import (
+    agree_across_ranks,
+    hand_over,
+    recover_failed_map,
+    report_of,
+    with_report,
+)
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
@@ -126,6 +132,7 @@ class ElasticMode:
             "elastic/scheduler-init": self.scheduler_init,
             "elastic/schedule": self.schedule,
             "elastic/update-from-output": self.update_from_output,
+            "elastic/sample-tokens": self.sample_tokens,
         }
 
     def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
@@ -280,9 +287,12 @@ class ElasticMode:
         scheduler = call.arguments["self"]
         side = side_of(scheduler)
         output = call.arguments["scheduler_output"]
-        if side is not None and side.failed:
-            ops = getattr(output, OPS_ATTR, None)
-            failed = side.failed.pop(ops.seq, None) if ops is not None else None
+        ops = getattr(output, OPS_ATTR, None)
+        if side is not None and ops is not None:
+            failed = side.failed.pop(ops.seq, None)  # from a worker of this process
+            report = report_of(call.arguments["model_runner_output"])  # from another
+            if failed is None and report is not None and report.seq == ops.seq:
+                failed = report.failure()
             if failed is not None:
                 recover_failed_map(scheduler, side, failed)
         result = call.run()
@@ -321,13 +331,38 @@ class ElasticMode:
         if side is None:
             why = "this worker received elastic operations but bound no elastic KV cache"
             raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        failed: MapFailed | None = None
         try:
             side.apply(ops)
-        except MapFailed as failed:
-            try:
-                hand_over(self.sides, side, ops, failed)
-            except KVPlanError as exc:
-                raise runtime.refuse(exc) from failed.error
+        except MapFailed as exc:
+            failed = exc
+        if ops.map:  # every rank got the same ops: all of them agree, or none
+            failed = agree_across_ranks(side, ops, failed)
+        if failed is None:
+            return
+        try:
+            side.pending_report = hand_over(self.sides, side, ops, failed)
+        except KVPlanError as exc:
+            raise runtime.refuse(exc) from failed.error
+
+    def after_step(self, runtime: Runtime, call: Call, result: Any) -> Any:
+        """``Worker.execute_model`` returned: when it returned the step's output, that output
+        carries a pending failed-map report to the scheduler (else ``sample_tokens`` does)."""
+        if result is None:
+            return result
+        return self._carry_report(call.arguments["self"], result)
+
+    def sample_tokens(self, runtime: Runtime, call: Call) -> Any:
+        """``Worker.sample_tokens``: the step's output (V1 runner: ``execute_model`` returned
+        ``None``) carries a pending failed-map report to the scheduler."""
+        return self._carry_report(call.arguments["self"], call.run())
+
+    def _carry_report(self, worker: Any, output: Any) -> Any:
+        side = worker_of(getattr(worker, "model_runner", None))
+        if side is None or side.pending_report is None or output is None:
+            return output
+        report, side.pending_report = side.pending_report, None
+        return with_report(output, report)
 
 
 def engine_floor(ledger: Ledger, config: Any, vllm_config: Any) -> int:

@@ -82,3 +82,5 @@ class MapFailed(Exception):
         self.seq = seq
         self.blocks = blocks
         self.error = error
+        self.ranks: tuple[int, ...] = ()
+        """The tensor-parallel ranks whose own map failed (set when the ranks agreed)."""

@@ -1,19 +1,28 @@
 """What a failed map becomes: running out of blocks (``docs/elastic.md``, "Under pressure").
 
-The worker rolls its maps back and hands the failure over (:func:`hand_over`); the scheduler of
-the same engine turns it into preemptions before vLLM reads the step's output
-(:func:`recover_failed_map`), or the step is refused with ``KVP532`` where that cannot work.
+The worker rolls its maps back; with tensor parallelism every rank learns, before the forward,
+whether any rank failed, and the ranks that mapped roll back too (:func:`agree_across_ranks`),
+so all hold what the scheduler will count. The failure then reaches the scheduler: directly
+when it runs in the worker's process (:func:`hand_over`), else as a :class:`MapFailureReport`
+riding on the step's ``ModelRunnerOutput`` (:func:`with_report`, read back by
+:func:`report_of`), the one object vLLM's executors bring back from the output rank. The
+scheduler turns it into preemptions before vLLM reads that output (:func:`recover_failed_map`).
+Only under ``KVPLAN_POISON=1`` (unbacked pages fault, the step cannot run) is the step refused
+with ``KVP532``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _refusals as refusals
 from kvplan.integrations.vllm.elastic._ops import ElasticOps, MapFailed
+from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
@@ -79,24 +88,134 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
     return list(affected)
 
 
+REPORT_ATTR = "kvplan_map_failed"
+"""The ``ModelRunnerOutput`` attribute that carries a :class:`MapFailureReport`."""
+
+
+@dataclass(frozen=True)
+class MapFailureReport:
+    """A failed map, as it travels from the workers to a scheduler in another process: plain
+    fields (pickled with the step's output; no kvplan error classes inside)."""
+
+    seq: int
+    """The ``ElasticOps.seq`` of the step whose maps failed."""
+    blocks: tuple[int, ...]
+    """The step's new blocks: unbacked on every rank now."""
+    ranks: tuple[int, ...]
+    """The tensor-parallel ranks whose own map failed."""
+    message: str
+    """What the backend said (the first failing rank's problem, as this rank knows it)."""
+
+    def failure(self) -> MapFailed:
+        problem = error(
+            Code.ELASTIC_MAP_FAILED,
+            "elastic",
+            f"backing the step's blocks failed on rank {', '.join(map(str, self.ranks))}: "
+            f"{self.message}",
+            "lower KVPLAN_MEMORY_LIMIT below the memory this device really has free",
+        )
+        return MapFailed(self.seq, self.blocks, KVPlanError(problem))
+
+
+def _first_message(exc: KVPlanError) -> str:
+    return exc.diagnostics[0].message if exc.diagnostics else str(exc)
+
+
+def _tp_group() -> Any:
+    """vLLM's tensor-parallel group of this worker, when it has more than one rank."""
+    try:
+        from vllm.distributed import parallel_state
+    except ImportError:  # pragma: no cover - vLLM is there whenever a worker steps
+        return None
+    group = getattr(parallel_state, "_TP", None)
+    if group is None or int(getattr(group, "world_size", 1)) <= 1:
+        return None
+    return group
+
+
+def agree_across_ranks(
+    worker: WorkerSide, ops: ElasticOps, failed: MapFailed | None, group: Any = None
+) -> MapFailed | None:
+    """Every rank of a tensor-parallel engine, before the step's forward, after applying
+    ``ops`` (which map): did any rank fail? One all-reduce of a flag per rank over the TP
+    group's gloo ``cpu_group`` (every rank received the same ``ops``, so every rank makes the
+    same call; gloo has a timeout, unlike the forward's collectives). When one did, a rank
+    whose own map succeeded releases the step's new blocks — they were not resident before
+    the step, so this is the state the failing rank rolled back to — and every rank returns
+    the same failure. ``group``: vLLM's TP ``GroupCoordinator`` (default: this process's)."""
+    group = group if group is not None else _tp_group()
+    if group is None:
+        return failed
+    import torch
+    import torch.distributed as dist
+
+    flags = torch.zeros(int(group.world_size), dtype=torch.int32)
+    flags[int(group.rank_in_group)] = int(failed is not None)
+    dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group.cpu_group)
+    ranks = tuple(i for i, flag in enumerate(flags.tolist()) if flag)
+    if not ranks:
+        return None
+    if failed is None:  # a peer failed: undo this rank's maps of the step
+        cache = worker.cache
+        before = sum(cache.mapped_chunks.values())
+        cache.release_blocks(ops.map)
+        worker.count["rollbacks"] += before - sum(cache.mapped_chunks.values())
+        worker.touch()
+        failed = MapFailed(ops.seq, ops.map, _peer_failure(worker.label, ranks))
+    failed.ranks = ranks
+    return failed
+
+
+def _peer_failure(label: str, ranks: tuple[int, ...]) -> KVPlanError:
+    return KVPlanError(
+        error(
+            Code.ELASTIC_MAP_FAILED,
+            f"{label}.elastic",
+            f"rank {', '.join(map(str, ranks))} could not back the step's blocks; {label} "
+            "mapped them and rolled its maps back too",
+            "lower KVPLAN_MEMORY_LIMIT below the memory this device really has free",
+        )
+    )
+
+
 def hand_over(
     sides: Iterable[SchedulerSide], worker: WorkerSide, ops: ElasticOps, failed: MapFailed
-) -> None:
-    """Give a failed map to this engine's scheduler (it preempts the requests that used the
-    blocks before it reads the step's output; meanwhile unbacked pages read as scratch), or
-    raise ``KVP532`` (the step is refused) when that cannot work."""
-    scheduler = next((s for s in sides if s.sent.get(ops.seq) is ops), None)
-    why = None
+) -> MapFailureReport | None:
+    """Give a failed map to this engine's scheduler: directly when it runs in this process
+    (returns ``None``), else as the report the step's output must carry to it (returned; the
+    step runs meanwhile, its unbacked pages reading as scratch). Raises ``KVP532`` (the step
+    is refused) under ``KVPLAN_POISON=1``, where unbacked pages fault."""
     if worker.settings.poison:
         why = "KVPLAN_POISON=1 makes the unbacked pages fault, so the step cannot run"
-    elif scheduler is None:
-        why = (
-            "the scheduler runs in another process (multiprocess executor, e.g. tensor "
-            "parallelism), which hears only one rank's output"
-        )
-    if why is not None:
         raise refusals.elastic_map_failed(
             worker.label, len(failed.blocks), failed.error, why
         ) from failed.error
-    assert scheduler is not None
-    scheduler.failed[failed.seq] = failed
+    scheduler = next((s for s in sides if s.sent.get(ops.seq) is ops), None)
+    if scheduler is not None:
+        scheduler.failed[failed.seq] = failed
+        return None
+    ranks = getattr(failed, "ranks", None) or (int(worker.label.removeprefix("rank") or 0),)
+    return MapFailureReport(failed.seq, tuple(failed.blocks), tuple(ranks),
+                            _first_message(failed.error))  # fmt: skip
+
+
+def with_report(output: Any, report: MapFailureReport) -> Any:
+    """``output`` (a step's ``ModelRunnerOutput``, or vLLM's asynchronous wrapper of one)
+    carrying ``report``: always on a copy (vLLM shares some outputs, e.g. its empty one)."""
+    get_output = getattr(output, "get_output", None)
+    if callable(get_output) and not hasattr(output, "req_ids"):  # AsyncModelRunnerOutput
+
+        def reported() -> Any:
+            return with_report(get_output(), report)
+
+        output.get_output = reported
+        return output
+    carried = copy.copy(output)
+    setattr(carried, REPORT_ATTR, report)
+    return carried
+
+
+def report_of(output: Any) -> MapFailureReport | None:
+    """The failed-map report ``output`` carries, if any."""
+    report = getattr(output, REPORT_ATTR, None)
+    return report if isinstance(report, MapFailureReport) else None

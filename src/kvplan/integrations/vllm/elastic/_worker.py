@@ -58,6 +58,9 @@ class WorkerSide:
     group_member: str | None = None
     """The engine's member name in ``KVPLAN_GROUP`` (stats only)."""
     state: Literal["bound", "running", "closed"] = "bound"
+    pending_report: Any = None
+    """A failed map's ``MapFailureReport`` this worker's next step output must carry to a
+    scheduler in another process (``_recovery``)."""
     _reporter: StatsReporter | None = None
 
     def apply(self, ops: ElasticOps) -> None:

@@ -129,7 +129,7 @@ def step(runtime: Runtime, call: Call) -> Any:
     (elastic: unmap, then map, the step's blocks); then vLLM runs the step."""
     runtime.check_step(getattr(call.arguments["self"], "model_runner", None))
     runtime.mode.before_step(runtime, call)
-    return call.run()
+    return runtime.mode.after_step(runtime, call, call.run())
 
 
 HANDLERS: Mapping[str, Handler] = {

@@ -55,6 +55,10 @@ class Mode(Protocol):
         caches vLLM holds)."""
         ...
 
+    def after_step(self, runtime: Runtime, call: Call, result: Any) -> Any:
+        """What the worker's ``Worker.execute_model`` returns, given vLLM's ``result``."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """This mode's own settings, as ``kvplan doctor --json`` shows them."""
         ...
@@ -84,6 +88,9 @@ class EagerMode:
 
     def before_step(self, runtime: Runtime, call: Call) -> None:
         return None
+
+    def after_step(self, runtime: Runtime, call: Call, result: Any) -> Any:
+        return result
 
     def describe(self) -> dict[str, Any]:
         return {}

@@ -140,6 +140,11 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older r
         "elastic/schedule",
     ),
     Target(
+        "vllm.v1.worker.gpu_worker", "Worker.sample_tokens", ("self", "grammar_output"),
+        ELASTIC, "elastic: a failed map's report rides on the step's output to a scheduler "
+        "in another process", "elastic/sample-tokens", None, ("sample_tokens",),
+    ),
+    Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
         ("self", "scheduler_output", "model_runner_output"),
         ELASTIC, "elastic: a step whose maps failed preempts the requests that used them",
