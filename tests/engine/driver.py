@@ -243,14 +243,17 @@ def generate_pinned(llm: Any, prompts: list[Any], params: Any) -> list[Any]:
     after the adds -- lets the scheduler see them all at once, as an in-process engine does."""
     engine = llm.llm_engine
     llm.sleep(level=0, mode="keep")
-    ids = [engine.add_request(f"pinned-{next(_PINNED)}", p, params) for p in prompts]
+    names = [f"pinned-{next(_PINNED)}" for _ in prompts]
+    # vLLM returns its internal id (the name with a random suffix); outputs name the request
+    # as it was added
+    internal = [engine.add_request(n, p, params) for n, p in zip(names, prompts, strict=True)]
     llm.wake_up(tags=["scheduling"])
     finished: dict[str, Any] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out
-    return [finished[i] for i in ids]
+    return [finished.get(n) or finished[i] for n, i in zip(names, internal, strict=True)]
 
 
 _PINNED = itertools.count()
@@ -261,6 +264,16 @@ def shut_down(llm: Any) -> None:
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
         core.shutdown()
+
+
+def _collected_llm_shuts_down() -> bool:
+    """Whether an offline ``LLM``, once collected, shuts its in-process engine core down:
+    from vLLM 0.31 (its ``InprocClient`` has a finalizer); before, the engine core -- and the
+    KV cache it binds -- lives until the process exits, unless shut down explicitly."""
+    import vllm
+
+    major, minor = (int(x) for x in vllm.__version__.split(".")[:2])
+    return (major, minor) >= (0, 31)
 
 
 def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
@@ -349,7 +362,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         "multiprocessing": multiprocess,
         "driver_pid": os.getpid(),
     }
-    if multiprocess:
+    if multiprocess or not _collected_llm_shuts_down():
         shut_down(llm)
     del llm
     gc.collect()

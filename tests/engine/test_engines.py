@@ -4,8 +4,7 @@ greedy tokens.
 One driver process per model and release runs every engine (see ``cases``): kvplan on the
 torch and host-vmm backends, eager and elastic, strict; vanilla; and bindings broken on
 purpose, which must change the tokens (so equal tokens mean something). Weights are dummy,
-re-drawn at a realistic scale from one seed, identical in every engine of a model. On
-releases kvplan serves eagerly only (0.29-0.31), the elastic engine must refuse (``KVP530``).
+re-drawn at a realistic scale from one seed, identical in every engine of a model.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from tests.engine.cases import (
     KVPLAN_VARIANTS,
     MODEL_CASES,
     PROMPTS,
-    RELEASE_CASES,
     RELEASE_MODELS,
     SHARED,
     strict_control,
@@ -35,15 +33,11 @@ CONTROLS = [
     for r, m in RELEASE_MODELS
     for b in MODEL_CASES[m].breakages
 ]
-ELDER = [
-    pytest.param(r, m, id=f"{r}-{m}") for r, m in RELEASE_MODELS if not RELEASE_CASES[r].elastic
-]
 
 
 def served(release: str) -> list[tuple[str, str, str]]:
-    """The kvplan variants that must start and bind on ``release``."""
-    elastic = RELEASE_CASES[release].elastic
-    return [v for v in KVPLAN_VARIANTS if elastic or v[2] != "elastic"]
+    """The kvplan variants that must start and bind on ``release`` (all of them)."""
+    return list(KVPLAN_VARIANTS)
 
 
 @pytest.mark.parametrize(("release", "model"), CASES)
@@ -84,21 +78,6 @@ def test_plugin_really_bound(release: str, model: str, engine_run: Runs) -> None
     assert run.log.count(" runner bound ") == kvplan_engines
     for _, backend, mode in kvplan_variants:
         assert f"with {backend} ({mode})" in run.log
-
-
-@pytest.mark.parametrize(("release", "model"), ELDER)
-def test_elastic_mode_is_refused_below_032(release: str, model: str, engine_run: Runs) -> None:
-    """0.29-0.31 are served eagerly only: an elastic engine does not start (``KVP530``),
-    nothing is patched, and the next engine of the process binds normally."""
-    run = engine_run(model, release)
-    refused = run.variants["host-vmm-elastic"]
-    assert refused["refused"], refused
-    assert "KVP530 error at KVPLAN_MODE" in refused["error"], refused["error"]
-    assert f"vLLM {release}.0" in refused["error"]
-    assert "served in eager mode only; elastic serving needs vLLM 0.32 or 0.33" in refused["error"]
-    assert not refused["active"] and refused["stats"]["bound"] == 0
-    after = [run.variants[b] for b in MODEL_CASES[model].breakages]  # run after the refusal
-    assert after and all(v["active"] and v["stats"]["bound"] == 1 for v in after)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

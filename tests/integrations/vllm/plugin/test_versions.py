@@ -109,10 +109,16 @@ def test_each_adapter_declares_its_release_targets(
     assert set(_COMMON) <= set(names)
     assert ("vllm.v1.hisparse.binding.allocate_kv_cache" in names) is hisparse
     elastic = [t for t in adapter.targets if t.elastic_only]
-    assert adapter.elastic is (release == "0.33")  # elastic serving: vLLM 0.32-0.33 only
+    assert adapter.elastic  # elastic serving: every release, 0.29-0.33
     assert len(names) == len(_COMMON) + hisparse + len(elastic)
     for target in adapter.targets:
-        if target.qualname == _V2_INIT:
+        if target.qualname == "request_memory":  # the start-up guard: 0.32 added a parameter
+            params = ("init_snapshot", "cache_config")
+            assert (
+                target.params
+                == (*params, "external_weight_memory")[: 3 if release == "0.33" else 2]
+            )
+        elif target.qualname == _V2_INIT:
             assert target.expected_signature == v2_init
             assert target.calls == ("allocate_kv_cache", "get_shared_kv_cache_layers")
         else:
@@ -421,3 +427,22 @@ def test_a_spec_class_the_release_has_and_kvplan_does_not_model_is_refused(
     assert info.value.code is Code.INTEGRATION
     assert "KpoolTailSpec" in _text(info.value) and "0.31.0" in _text(info.value)
     assert info.value.diagnostics[0].location == "kv_cache_config.kv_cache_groups[0].kv_cache_spec"
+
+
+def test_elastic_mode_refuses_a_release_whose_adapter_declares_no_elastic_targets() -> None:
+    """Every release kvplan knows serves elastic mode; an adapter without elastic targets (a
+    future release read before its block lifecycle is) is refused up front, ``KVP530``."""
+    import dataclasses
+
+    from kvplan.integrations.vllm.elastic import ElasticMode, ElasticSettings
+
+    full = adapter_for("0.31")
+    assert full is not None
+    eager_only = dataclasses.replace(
+        full, targets=tuple(t for t in full.targets if not t.elastic_only)
+    )
+    mode = ElasticMode(ElasticSettings(), backend="host-vmm")
+    assert mode.check(full, "0.31.0") == []
+    (refused,) = mode.check(eager_only, "0.31.0")
+    assert refused.code is Code.ELASTIC_UNSUPPORTED
+    assert "vLLM 0.31.0 (vllm-0.30-0.31) is served in eager mode only" in refused.message

@@ -30,6 +30,12 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
   ``topk_buffer_width``, ``cache_role`` and ``is_index_group_leader``,
   ``SlidingWindowMLASpec.bounded_replay`` and ``MambaSpec.prefill_checkpoint_alignment``
   (the differential suite's MLA round trip on the 0.29 engine venv checks this list).
+- Elastic serving: as 0.30–0.31 (their elastic targets: ``request_memory`` without
+  ``external_weight_memory``). ``BlockPool`` differs from 0.32 only in code kvplan's pool
+  overrides call through (no reuse watchers, no owning pool per block). The offline ``LLM``
+  has no finalizer (0.31 added one), so deleting it does not shut its engine core down: the
+  KV cache stays bound, and the elastic ``closed`` snapshot unwritten, until
+  ``llm.llm_engine.engine_core.shutdown()`` or the process exits -- as vanilla keeps its own.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from kvplan.integrations.vllm.versions._adapter import (
     EngineCorePlanning,
     VersionAdapter,
 )
+from kvplan.integrations.vllm.versions.v0_31 import ELASTIC_TARGETS
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
 from kvplan.integrations.vllm.versions.v0_33 import _configs_0_32, _no_groups, retarget
 
@@ -71,7 +78,7 @@ ADAPTER = VersionAdapter(
     name="vllm-0.29",
     releases=("0.29",),
     form=PLACEMENT,
-    targets=TARGETS,
+    targets=TARGETS + ELASTIC_TARGETS,
     absent_fields={
         "0.29": {
             "KVCacheConfig": {

@@ -26,15 +26,23 @@ Compared from the released wheels' sources against 0.33 (see docs/integration.md
   scheduler only, and there is no ``resolve_cache_hit_alignment_tokens``).
 - ``KpoolTailSpec`` (0.30–0.31 only) is not modelled by kvplan: a config holding one is
   refused (KVP501).
+- Elastic serving: every name elastic mode patches, overrides or reads exists with 0.32's
+  signature and meaning (compared release by release in docs/notes/elastic-0.29-0.31.md),
+  except the start-up guard ``request_memory(init_snapshot, cache_config)``, defined in
+  ``vllm.v1.worker.utils`` and imported by name into ``gpu_worker``, without 0.32's
+  ``external_weight_memory`` (kvplan's handler reads it only when present).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from kvplan.integrations.vllm.versions._adapter import (
     PLACEMENT,
     EngineCorePlanning,
     VersionAdapter,
 )
+from kvplan.integrations.vllm.versions.v0_33 import ELASTIC_TARGETS as _ELASTIC_0_33
 from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
 from kvplan.integrations.vllm.versions.v0_33 import _configs_0_32, _no_groups, retarget
 
@@ -45,6 +53,14 @@ V2_INIT = (
 """0.33's signature without the keyword-only ``attn_groups``."""
 
 TARGETS = retarget(_TARGETS_0_33, V2_INIT)
+
+ELASTIC_TARGETS = tuple(
+    dataclasses.replace(t, params=("init_snapshot", "cache_config"))
+    if t.qualname == "request_memory"
+    else t
+    for t in _ELASTIC_0_33
+)
+"""0.32's elastic targets; the start-up guard without ``external_weight_memory`` (0.29–0.31)."""
 
 _NOT_IN_0_31: dict[str, dict[str, object]] = {
     "KVCacheConfig": {"hash_block_size": None, "cache_hit_alignment_tokens": None},
@@ -69,7 +85,7 @@ ADAPTER = VersionAdapter(
     name="vllm-0.30-0.31",
     releases=("0.30", "0.31"),
     form=PLACEMENT,
-    targets=TARGETS,
+    targets=TARGETS + ELASTIC_TARGETS,
     absent_fields={"0.30": _NOT_IN_0_30, "0.31": _NOT_IN_0_31},
     unmodelled_specs={
         "KpoolTailSpec": "a 0.30–0.31 attention spec (sliding window with retained tail "

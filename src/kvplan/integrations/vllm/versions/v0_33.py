@@ -91,7 +91,7 @@ TARGETS = (
     ),
 )  # fmt: skip
 
-ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (not checked for older releases)
+ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (0.29-0.31: v0_31.ELASTIC_TARGETS)
     Target(
         "vllm.v1.worker.gpu_worker", "request_memory",
         ("init_snapshot", "cache_config", "external_weight_memory"), ELASTIC,
