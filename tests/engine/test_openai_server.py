@@ -250,11 +250,14 @@ def test_a_broken_binding_fails_the_comparison(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """Negative control: the same elastic server, one layer given another layer's cache in
-    the worker process; every request still finishes, and the comparison fails."""
+    the worker process; every request still finishes, and the comparison fails. (Not strict:
+    kvplan's rebind watch sees the swap, says ``KVP507`` and serves on; strict, it would
+    refuse to start, ``tests/engine/test_engines.py``.)"""
     work = tmp_path_factory.mktemp("serving-broken")
     env = kvplan_env(
-        "host-vmm", "elastic", work / "dump", KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED)
-    )
+        "host-vmm", "elastic", work / "dump", KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED),
+        KVPLAN_STRICT="0",
+    )  # fmt: skip
     hooks = {HOOKS_ENV: "break=swap", "PYTHONPATH": str(HERE)}
     broken = _serve(
         engine_python, llama_checkpoint, work, "broken", env,
@@ -264,3 +267,4 @@ def test_a_broken_binding_fails_the_comparison(
     with pytest.raises(AssertionError):
         check_same_as_vanilla(broken.client, served["vanilla"].client)
     assert broken.exit_code == 0
+    assert "KVP507" in broken.server.log()
