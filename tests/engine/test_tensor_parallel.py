@@ -45,9 +45,10 @@ def variants(work: Path) -> list[Variant]:
         ),
         # not strict: kvplan's rebind watch says KVP507 on each rank and serves on
         Variant(
-            "swap", kvplan_env("host-vmm", "eager", work / "dump-swap", KVPLAN_STRICT="0"),
+            "swap",
+            kvplan_env("host-vmm", "eager", work / "dump-swap", KVPLAN_STRICT="0"),
             breakage="swap",
-        ),  # fmt: skip
+        ),
     ]
 
 
