@@ -59,12 +59,25 @@ def _isatty(stream: IO[str] | None) -> bool:
         return False
 
 
-class _GuardedStdout:
-    """``sys.stdout`` whose write failures (full disk, closed pipe, a closed descriptor:
-    ``sys.stdout`` is None then) raise ``KVP018``."""
+class _Stream:
+    """A wrapped standard stream: attributes other than ``write``/``flush`` are the
+    stream's own (none once it is gone)."""
 
     def __init__(self, stream: IO[str] | None) -> None:
         self._stream = stream
+
+    def isatty(self) -> bool:
+        return _isatty(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+class _GuardedStdout(_Stream):
+    """``sys.stdout`` whose write failures (full disk, closed pipe, a closed descriptor:
+    ``sys.stdout`` is None then) raise ``KVP018``."""
 
     def write(self, text: str) -> int:
         if self._stream is None:
@@ -82,22 +95,11 @@ class _GuardedStdout:
         except (OSError, ValueError) as exc:
             raise _stdout_failed(exc if isinstance(exc, OSError) else _closed("output")) from None
 
-    def isatty(self) -> bool:
-        return _isatty(self._stream)
 
-    def __getattr__(self, name: str) -> Any:
-        if self._stream is None:
-            raise AttributeError(name)
-        return getattr(self._stream, name)
-
-
-class _QuietStderr:
+class _QuietStderr(_Stream):
     """``sys.stderr`` for narration and diagnostics: when it cannot be written (closed, a
     full disk) the text is dropped. There is nowhere left to report it; the exit status
     still says what happened, and Python's own flush at exit must not fail again."""
-
-    def __init__(self, stream: IO[str] | None) -> None:
-        self._stream = stream
 
     def write(self, text: str) -> int:
         if self._stream is not None:
@@ -118,14 +120,6 @@ class _QuietStderr:
     def _drop(self) -> None:
         self._stream = None
         _silence(sys.stderr)
-
-    def isatty(self) -> bool:
-        return _isatty(self._stream)
-
-    def __getattr__(self, name: str) -> Any:
-        if self._stream is None:
-            raise AttributeError(name)
-        return getattr(self._stream, name)
 
 
 def stdout_console() -> Console:

@@ -37,16 +37,6 @@ if TYPE_CHECKING:
 
     from kvplan.integrations.vllm.versions import VersionAdapter
 
-__all__ = [
-    "capture",
-    "installed_adapter",
-    "request_blocks",
-    "spec_class",
-    "spec_classes",
-    "to_vllm",
-    "worker_form",
-]
-
 
 def installed_adapter() -> tuple[VersionAdapter, str]:
     """The adapter of the installed vLLM and its version; ``KVP501`` if it is unsupported."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from kvplan.integrations.vllm.elastic import _refusals as refusals
@@ -85,39 +86,52 @@ def _sized_by_vllm(call: Call) -> int | None:
     return int(told) if told else None
 
 
-def cpu_capacity(settings: ElasticSettings, runtime: Runtime, call: Call) -> int:
-    """``CPUWorker.determine_available_memory``: the CPU worker's reservation."""
-    import os
-
+def _capacity(
+    settings: ElasticSettings,
+    runtime: Runtime,
+    call: Call,
+    told_by: str,
+    geometry: Callable[[Any], tuple[int, str]],
+) -> int:
+    """The reservation: ``KVPLAN_CAPACITY``, else the size vLLM was told (``told_by``), else
+    ``geometry(worker)`` (bytes, where they come from)."""
     worker = call.arguments["self"]
     asked, source = _asked(settings, worker)
     told = _sized_by_vllm(call)
     if asked is None and told is not None:
-        asked, source = told, "VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes"
+        asked, source = told, told_by
     if asked is None:
-        import psutil
-
-        requested = int(getattr(worker, "requested_cpu_memory", 0))
-        asked = requested - int(psutil.Process(os.getpid()).memory_info().rss)
-        source = "the worker's requested memory minus its resident set"
+        asked, source = geometry(worker)
     return _answer(runtime, asked, source)
+
+
+def _cpu_geometry(worker: Any) -> tuple[int, str]:
+    import os
+
+    import psutil
+
+    requested = int(getattr(worker, "requested_cpu_memory", 0))
+    resident = int(psutil.Process(os.getpid()).memory_info().rss)
+    return requested - resident, "the worker's requested memory minus its resident set"
+
+
+def _gpu_geometry(worker: Any) -> tuple[int, str]:
+    import torch
+
+    requested = int(getattr(worker, "requested_memory", 0))
+    peak = int(torch.cuda.max_memory_reserved(getattr(worker, "device", None)))
+    return requested - peak, "total × gpu_memory_utilization minus this process's peak torch memory"
+
+
+def cpu_capacity(settings: ElasticSettings, runtime: Runtime, call: Call) -> int:
+    """``CPUWorker.determine_available_memory``: the CPU worker's reservation."""
+    told_by = "VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes"
+    return _capacity(settings, runtime, call, told_by, _cpu_geometry)
 
 
 def gpu_capacity(settings: ElasticSettings, runtime: Runtime, call: Call) -> int:
     """``Worker.determine_available_memory``: a GPU worker's reservation."""
-    worker = call.arguments["self"]
-    asked, source = _asked(settings, worker)
-    told = _sized_by_vllm(call)
-    if asked is None and told is not None:
-        asked, source = told, "--kv-cache-memory-bytes"
-    if asked is None:
-        import torch
-
-        requested = int(getattr(worker, "requested_memory", 0))
-        peak = int(torch.cuda.max_memory_reserved(getattr(worker, "device", None)))
-        asked = requested - peak
-        source = "total × gpu_memory_utilization minus this process's peak torch memory"
-    return _answer(runtime, asked, source)
+    return _capacity(settings, runtime, call, "--kv-cache-memory-bytes", _gpu_geometry)
 
 
 def _answer(runtime: Runtime, capacity: int, source: str) -> int:

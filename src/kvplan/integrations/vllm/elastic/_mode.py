@@ -19,30 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _group as group
+from kvplan.integrations.vllm.elastic import _recovery as recovery
 from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic import _worker as worker_state
 from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
 from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, SEQ_ATTR, MapFailed, geometry_digest
 from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
-from kvplan.integrations.vllm.elastic._recovery import (
-    agree_across_ranks,
-    hand_over,
-    recover_failed_map,
-    report_of,
-    with_report,
-)
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
     default_limits,
     elastic_chunk_bytes,
     read_elastic_settings,
-)
-from kvplan.integrations.vllm.elastic._worker import (
-    WorkerSide,
-    attach_worker,
-    detach_cache,
-    worker_of,
-    worker_side,
 )
 from kvplan.integrations.vllm.pipeline import Call, Handler, Runtime, plan_step
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
@@ -77,7 +65,7 @@ class ElasticMode:
         """Engine core: the elastic block pools (one per engine in this process)."""
         self.member: GroupMember | None = None
         """Engine core: this engine's membership of ``KVPLAN_GROUP`` (joined once sized)."""
-        self.workers: list[WorkerSide] = []
+        self.workers: list[worker_state.WorkerSide] = []
         """Worker: the elastic caches this process bound (closed when the engine shuts down)."""
 
     @classmethod
@@ -156,17 +144,17 @@ class ElasticMode:
         return cache
 
     def attach(self, cache: BoundKVCache, owner: Any, label: str) -> Callable[[], None] | None:
-        side = worker_side(
+        side = worker_state.worker_side(
             cache, self.settings, dump_dir=self.dump_dir, backend=self.backend, label=label
         )
         if self.settings.group is not None:
             side.group_member = group.member_name(self.dump_dir)
         lease = group.attach_worker(self.settings, side.group_member or "")
-        attach_worker(owner, side)
+        worker_state.attach_worker(owner, side)
         self.workers.append(side)
 
         def closed() -> None:
-            detach_cache(cache)  # the last stats snapshot
+            worker_state.detach_cache(cache)  # the last stats snapshot
             if side in self.workers:
                 self.workers.remove(side)
             if lease is not None:
@@ -290,11 +278,11 @@ class ElasticMode:
         ops = getattr(output, OPS_ATTR, None)
         if side is not None and ops is not None:
             failed = side.failed.pop(ops.seq, None)  # from a worker of this process
-            report = report_of(call.arguments["model_runner_output"])  # from another
+            report = recovery.report_of(call.arguments["model_runner_output"])  # from another
             if failed is None and report is not None and report.seq == ops.seq:
                 failed = report.failure()
             if failed is not None:
-                recover_failed_map(scheduler, side, failed)
+                recovery.recover_failed_map(scheduler, side, failed)
         result = call.run()
         seq = getattr(output, SEQ_ATTR, None)
         if side is not None and seq is not None:
@@ -312,7 +300,7 @@ class ElasticMode:
             for side in list(self.workers):
                 if not side.cache.closed:
                     side.cache.close()
-                    detach_cache(side.cache)
+                    worker_state.detach_cache(side.cache)
             self.workers.clear()
             member, self.member = self.member, None
             if member is not None:
@@ -327,7 +315,7 @@ class ElasticMode:
         if ops is None:
             return
         worker = call.arguments["self"]
-        side = worker_of(getattr(worker, "model_runner", None))
+        side = worker_state.worker_of(getattr(worker, "model_runner", None))
         if side is None:
             why = "this worker received elastic operations but bound no elastic KV cache"
             raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
@@ -337,11 +325,11 @@ class ElasticMode:
         except MapFailed as exc:
             failed = exc
         if ops.map:  # every rank got the same ops: all of them agree, or none
-            failed = agree_across_ranks(side, ops, failed)
+            failed = recovery.agree_across_ranks(side, ops, failed)
         if failed is None:
             return
         try:
-            side.pending_report = hand_over(self.sides, side, ops, failed)
+            side.pending_report = recovery.hand_over(self.sides, side, ops, failed)
         except KVPlanError as exc:
             raise runtime.refuse(exc) from failed.error
 
@@ -358,11 +346,11 @@ class ElasticMode:
         return self._carry_report(call.arguments["self"], call.run())
 
     def _carry_report(self, worker: Any, output: Any) -> Any:
-        side = worker_of(getattr(worker, "model_runner", None))
+        side = worker_state.worker_of(getattr(worker, "model_runner", None))
         if side is None or side.pending_report is None or output is None:
             return output
         report, side.pending_report = side.pending_report, None
-        return with_report(output, report)
+        return recovery.with_report(output, report)
 
 
 def engine_floor(ledger: Ledger, config: Any, vllm_config: Any) -> int:

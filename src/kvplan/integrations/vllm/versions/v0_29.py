@@ -40,15 +40,13 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
 
 from __future__ import annotations
 
+from kvplan.integrations.vllm.versions import v0_31, v0_33
 from kvplan.integrations.vllm.versions._adapter import (
     HISPARSE,
     PLACEMENT,
     EngineCorePlanning,
     VersionAdapter,
 )
-from kvplan.integrations.vllm.versions.v0_31 import ELASTIC_TARGETS
-from kvplan.integrations.vllm.versions.v0_33 import TARGETS as _TARGETS_0_33
-from kvplan.integrations.vllm.versions.v0_33 import _configs_0_32, _no_groups, retarget
 
 V2_INIT = (
     "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
@@ -56,8 +54,8 @@ V2_INIT = (
 )  # fmt: skip
 """``init_kv_cache`` of 0.29: ``runner_kv_caches`` first, no keyword-only parameters."""
 
-TARGETS = retarget(
-    tuple(t for t in _TARGETS_0_33 if t.role != HISPARSE),
+TARGETS = v0_33.retarget(
+    tuple(t for t in v0_33.TARGETS if t.role != HISPARSE),
     V2_INIT,
     allocate_handler="allocate/all-views",  # 0.29's specs have no has_layer_views
 )
@@ -67,8 +65,8 @@ TARGETS = retarget(
 
 
 ENGINE_CORE = EngineCorePlanning(
-    _no_groups,
-    _configs_0_32,  # kv_cache_utils.get_kv_cache_configs(vllm_config, specs, memory), as 0.32
+    v0_33._no_groups,
+    v0_33._configs_0_32,  # kv_cache_utils.get_kv_cache_configs(vllm_config, specs, memory), as 0.32
     block_size_of_cacheable_groups=False,
     resolves_hash_block_size=False,
 )
@@ -78,7 +76,7 @@ ADAPTER = VersionAdapter(
     name="vllm-0.29",
     releases=("0.29",),
     form=PLACEMENT,
-    targets=TARGETS + ELASTIC_TARGETS,
+    targets=TARGETS + v0_31.ELASTIC_TARGETS,
     absent_fields={
         "0.29": {
             "KVCacheConfig": {
