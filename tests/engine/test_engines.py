@@ -117,8 +117,10 @@ def test_a_broken_binding_changes_the_tokens(
     run = engine_run(model, release)
     assert run.variants[breakage]["stats"]["bound"] == 1
     assert run.tokens(breakage) != run.tokens("vanilla"), f"{model}: {breakage} went unnoticed"
-    # and kvplan saw it: its rebind watch warned (the engine is not strict)
-    assert "KVP507" in _variant_log(run.log, breakage), f"{model}: {breakage}: no KVP507"
+    # and kvplan saw it: its rebind watch warned once for each lenient breakage of the run
+    # (the strict one raised instead)
+    warned = run.log.count("kvplan: KVP507 error at")
+    assert warned == len(MODEL_CASES[model].breakages), f"{model}: {warned} KVP507 warnings"
 
 
 @pytest.mark.parametrize(("release", "model"), CASES)
@@ -131,11 +133,3 @@ def test_a_broken_binding_is_refused_under_strict(
     refused = run.variants[strict_control(MODEL_CASES[model].breakages[0])]
     assert refused["refused"], refused
     assert "KVP507" in refused["error"], refused["error"]
-
-
-def _variant_log(log: str, name: str) -> str:
-    """The part of a driver's log written while variant ``name`` ran."""
-    start = log.find(f"driver: variant {name}\n")
-    assert start >= 0, name
-    end = log.find("driver: variant ", start + 1)
-    return log[start : end if end >= 0 else len(log)]
