@@ -80,17 +80,19 @@ SHARE_SECONDS = 5.0
 LONG = {"prompt": (60, 90), "new": (28, 36)}
 """A burst's requests: 3-4 blocks each at the end."""
 BURSTS = [
-    co.Burst("llama", "a", 12, gap=0.05, **LONG),
-    co.Burst("gemma", "b", 12, gap=0.05, **LONG),
-    co.Burst("llama", "ab", 10, gap=0.05, **LONG),
-    co.Burst("gemma", "ab", 10, gap=0.05, **LONG),
-    co.Burst("llama", "k", 16, gap=0.05, **LONG),
-    co.Burst("gemma", "k", 16, gap=0.05, **LONG),
+    co.Burst("llama", "a", 12, gap=0.0, **LONG),
+    co.Burst("gemma", "b", 12, gap=0.0, **LONG),
+    co.Burst("llama", "ab", 10, gap=0.0, **LONG),
+    co.Burst("gemma", "ab", 10, gap=0.0, **LONG),
+    co.Burst("llama", "k", 16, gap=0.0, **LONG),
+    co.Burst("gemma", "k", 16, gap=0.0, **LONG),
     co.Burst("gemma", "load", 120, gap=1.0, prompt=(20, 60), new=(2, 6)),
-    co.Burst("llama2", "r", 10, gap=0.05, **LONG),
+    co.Burst("llama2", "r", 10, gap=0.0, **LONG),
 ]
 """The seeded trace (``load`` is closed when the engines started in it are up: most of its
-120 requests are never sent)."""
+120 requests are never sent). A burst's requests arrive at once: with arrivals spread even
+by 50 ms, an idle 2-core machine finishes each tiny-model request before the next arrives,
+so the engine never holds many at a time and the budget never binds (seen in CI)."""
 
 
 @dataclass
@@ -305,15 +307,14 @@ def test_the_group_never_maps_more_than_its_budget(scenario: Scenario) -> None:
 
 def test_a_bursting_engine_maps_more_than_a_static_half(scenario: Scenario) -> None:
     """Alone in a burst, each engine borrows what the idle one does not use: more than the
-    budget / 2 a static split would give it."""
-    samples = scenario.samples
-    assert samples is not None
+    budget / 2 a static split would give it. (From the engine's own step log, exact at every
+    step: a burst of the tiny models can be over in a fraction of a second, less than the
+    stats file's half-second latency.)"""
     for key, phase in (("llama-1", "a"), ("gemma", "b")):
         t0, t1 = scenario.phase_starts[phase], scenario.phase_ends[phase]
-        peak = max(s["mapped_bytes"] for s in samples.stats[key] if t0 <= s["time"] <= t1 + 0.6)
-        assert peak > BUDGET // 2, (key, peak)
         steps = [s for s in scenario.served(key)["steps"] if t0 <= s["t"] <= t1]
-        assert max(s["granted"] for s in steps) > BUDGET // 2
+        assert max(s["mapped"] for s in steps) > BUDGET // 2, key
+        assert max(s["granted"] for s in steps) > BUDGET // 2, key
 
 
 def test_an_engine_that_goes_idle_gives_its_grant_back(scenario: Scenario) -> None:
