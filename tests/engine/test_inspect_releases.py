@@ -30,10 +30,13 @@ GEMMA4 = "google/gemma-4-E2B-it"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def _kvplan(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _kvplan(
+    python: Path, *args: str, cwd: Path, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
     env.pop("PYTHONPATH", None)
     env.update(ENGINE_ENV)
+    env.update(extra or {})
     return subprocess.run(
         [str(python), "-m", "kvplan", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False,
@@ -98,3 +101,24 @@ def test_golden_add_then_check_on_each_release(
     checked = _kvplan(python, "golden", "check", str(golden), cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     assert "1 identical, 0 drifted, 0 failed" in checked.stdout
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_doctor_says_what_each_release_serves(
+    release: str, engine_python_of: EnginePython, tmp_path: Path
+) -> None:
+    """``kvplan doctor`` asks the adapter the plugin asks: every release serves elastic mode
+    on host-vmm (the engine tests then serve it there), with that release's own targets."""
+    settings = {"KVPLAN_ENABLE": "1", "KVPLAN_BACKEND": "host-vmm", "KVPLAN_MODE": "elastic"}
+    done = _kvplan(engine_python_of(release), "doctor", "--json", cwd=tmp_path, extra=settings)
+    report = _inspected(done)
+    assert report["usable"] is True, report["problems"]
+    assert report["verdict"].endswith("(host-vmm, elastic)"), report["verdict"]
+    adapters = {"0.29": "vllm-0.29", "0.30": "vllm-0.30-0.31", "0.31": "vllm-0.30-0.31"}
+    assert report["adapter"] == adapters.get(release, "vllm-0.32-0.33")
+    assert report["vllm"]["version"] == f"{release}.0"
+    targets = {t["target"]: t for t in report["targets"]}
+    missing = [name for name, t in targets.items() if not t["exists"]]
+    assert missing == []
+    for elastic in ("Scheduler.update_from_output", "Worker.sample_tokens", "request_memory"):
+        assert any(name.endswith(elastic) for name in targets), elastic
