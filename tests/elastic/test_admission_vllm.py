@@ -1,5 +1,6 @@
 """The admission index wired to vLLM's real ``BlockPool`` (the installed 0.33) through the hook
-points the elastic pool will use: its free set and order follow vLLM's free queue under
+points the elastic pool uses (``follow_free_queue``; evictions here by hand, as the pool's
+``_maybe_evict_cached_block`` does): its free set and order follow vLLM's free queue under
 vLLM's own hand-outs, frees (cached to the back, uncached to the front), prefix hits,
 evictions and cache resets; every pick is a block vLLM then hands out, within the limit."""
 
@@ -22,45 +23,9 @@ NUM_BLOCKS = 192
 
 def wire(pool: Any, index: AdmissionIndex) -> None:
     """The hook points: vLLM's free queue and its cache evictions call the index."""
-    queue = pool.free_block_queue
+    from kvplan.integrations.vllm.elastic._pool import follow_free_queue
 
-    def ids(blocks: Any) -> list[int]:
-        return [b.block_id for b in blocks]
-
-    def hashed(blocks: Any) -> list[int]:
-        return [b.block_id for b in blocks if b.block_hash is not None]
-
-    append_n, prepend_n, popleft_n = queue.append_n, queue.prepend_n, queue.popleft_n
-    popleft, remove, append = queue.popleft, queue.remove, queue.append
-
-    def on_append_n(blocks: Any) -> None:
-        append_n(blocks)
-        index.appended(ids(blocks), cached=hashed(blocks))
-
-    def on_append(block: Any) -> None:
-        append(block)
-        index.appended([block.block_id], cached=hashed([block]))
-
-    def on_prepend_n(blocks: Any) -> None:
-        prepend_n(blocks)
-        index.prepended(ids(blocks), cached=hashed(blocks))
-
-    def on_popleft_n(n: int) -> Any:
-        got = popleft_n(n)
-        index.removed(ids(got))
-        return got
-
-    def on_popleft() -> Any:
-        got = popleft()
-        index.removed([got.block_id])
-        return got
-
-    def on_remove(block: Any) -> None:
-        remove(block)
-        index.removed([block.block_id])
-
-    queue.append_n, queue.prepend_n, queue.popleft_n = on_append_n, on_prepend_n, on_popleft_n
-    queue.popleft, queue.remove, queue.append = on_popleft, on_remove, on_append
+    follow_free_queue(pool.free_block_queue, index)
     evict = pool._maybe_evict_cached_block
 
     def on_evict(block: Any) -> bool:

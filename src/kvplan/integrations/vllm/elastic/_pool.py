@@ -4,9 +4,12 @@ managers that hold the pool keep it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
+
+if TYPE_CHECKING:
+    from kvplan.elastic.admission import AdmissionIndex
 
 
 class _ElasticPool:
@@ -104,6 +107,14 @@ def index_free_queue(pool: Any, side: SchedulerSide) -> None:
         [b.block_id for b in free],
         cached=[b.block_id for b in free if b.block_hash is not None],
     )
+    follow_free_queue(queue, index)
+    side.index = index
+
+
+def follow_free_queue(queue: Any, index: AdmissionIndex) -> None:
+    """Make ``index`` follow vLLM's free queue ``queue`` (a ``FreeKVCacheBlockQueue``): its
+    instance's ``append(_n)`` / ``prepend_n`` / ``popleft(_n)`` / ``remove`` tell the index
+    which blocks entered (with or without a prefix-cache entry) or left."""
     append_n, prepend_n, popleft_n = queue.append_n, queue.prepend_n, queue.popleft_n
     popleft, remove, append = queue.popleft, queue.remove, queue.append
 
@@ -141,7 +152,6 @@ def index_free_queue(pool: Any, side: SchedulerSide) -> None:
 
     queue.append_n, queue.prepend_n, queue.popleft_n = on_append_n, on_prepend_n, on_popleft_n
     queue.popleft, queue.remove, queue.append = on_popleft, on_remove, on_append
-    side.index = index
 
 
 def side_of(scheduler: Any) -> SchedulerSide | None:
