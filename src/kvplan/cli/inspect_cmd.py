@@ -168,9 +168,9 @@ def render(result: InspectResult) -> None:
             )
         )
     console.print(groups)
-    console.print(
+    console.print(  # two lines: each fits 100 columns
         f"KV bytes per token: {stored:,.0f} (tensor-backed attention layers); "
-        f"{config.num_blocks:,} blocks; tokens that fit: {result.capacity_tokens:,} "
+        f"{config.num_blocks:,} blocks\ntokens that fit: {result.capacity_tokens:,} "
         f"(max concurrency {result.max_concurrency:.2f}x at {result.max_model_len:,} tokens)"
     )
     console.print(pools_table(plan))
@@ -219,9 +219,9 @@ def render(result: InspectResult) -> None:
                 saved += _per_token(target_spec, len(names))
     console.print(aliases)
     share = f" ({saved / (saved + stored):.0%} of {saved + stored:,.0f})" if stored else ""
-    console.print(
-        f"KV sharing saves {saved:,.0f} B/token{share}; "
-        f"{human_bytes(s.alias_saved_bytes)} ({s.alias_saved_bytes:,} bytes) at "
+    console.print(  # two lines: each fits 100 columns
+        f"KV sharing saves {saved:,.0f} B/token{share}\n"
+        f"  = {human_bytes(s.alias_saved_bytes)} ({s.alias_saved_bytes:,} bytes) at "
         f"{config.num_blocks:,} blocks"
     )
 

@@ -70,6 +70,10 @@ def test_inspect_cli_json_and_human(vllm_session: None, tmp_path: Path) -> None:
     assert "15 tensor-backed, 20 aliases" in result.stdout
     assert "KV sharing saves" in result.stdout
     assert out.read_text().startswith("input:")
+    # the human output fits 100 columns (the default model, in full: the longest figures)
+    wide = runner.invoke(app, ["inspect", GEMMA4], env={"NO_COLOR": "1", "COLUMNS": "100"})
+    assert wide.exit_code == 0, wide.output
+    assert max(len(line) for line in wide.stdout.splitlines()) <= 100, wide.stdout
 
     # -o writes what `kvplan plan -o` writes: the canonical JSON of the documents
     from kvplan.schemas.canonical import to_json
