@@ -23,8 +23,8 @@ p99 TTFT at most half the split's, total throughput no lower.
 Why KV memory binds here, not the 2 CPU cores: engines idle between their bursts (an idle vLLM
 engine does not step), so at any time about one engine computes; a tiny model's step costs
 about the same for 4 or 16 sequences (per-layer overhead, not arithmetic), so what limits a
-burst is how many requests fit in its KV blocks at once. Hold the engine lock while it runs
-(``flock /tmp/kvplan-engines.lock python benchmarks/bench_colocation.py``).
+burst is how many requests fit in its KV blocks at once. Run it with nothing else running
+(no test engines, no other benchmark): the ratios are between arms of the same run.
 """
 
 from __future__ import annotations

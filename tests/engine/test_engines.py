@@ -35,17 +35,12 @@ CONTROLS = [
 ]
 
 
-def served(release: str) -> list[tuple[str, str, str]]:
-    """The kvplan variants that must start and bind on ``release`` (all of them)."""
-    return list(KVPLAN_VARIANTS)
-
-
 @pytest.mark.parametrize(("release", "model"), CASES)
 def test_kvplan_gives_vanillas_tokens(release: str, model: str, engine_run: Runs) -> None:
     run = engine_run(model, release)
     vanilla = run.tokens("vanilla")
     assert len(vanilla) == len(PROMPTS) and all(len(t) == 6 for t in vanilla)
-    for name, _, _ in served(release):
+    for name, _, _ in KVPLAN_VARIANTS:
         assert run.tokens(name) == vanilla, f"{release} {model} {name}"
 
 
@@ -53,7 +48,7 @@ def test_kvplan_gives_vanillas_tokens(release: str, model: str, engine_run: Runs
 def test_shared_prefix_came_from_the_cache(release: str, model: str, engine_run: Runs) -> None:
     """The second prompt's first blocks were served by prefix caching, in every engine."""
     run = engine_run(model, release)
-    for name in ["vanilla", *(v[0] for v in served(release))]:
+    for name in ["vanilla", *(v[0] for v in KVPLAN_VARIANTS)]:
         cached = run.variants[name]["cached_tokens"]
         assert cached[0] == 0, (release, model, name)
         assert 0 < cached[1] < len(SHARED), (release, model, name, cached)
@@ -62,7 +57,7 @@ def test_shared_prefix_came_from_the_cache(release: str, model: str, engine_run:
 @pytest.mark.parametrize(("release", "model"), CASES)
 def test_plugin_really_bound(release: str, model: str, engine_run: Runs) -> None:
     run = engine_run(model, release)
-    kvplan_variants = served(release)
+    kvplan_variants = KVPLAN_VARIANTS
     first = run.variants[kvplan_variants[0][0]]
     assert first["activated_by"] == "vllm-entry-point"  # vLLM's loader found the entry point
     for name, _, _ in kvplan_variants:
@@ -91,7 +86,7 @@ def test_dumps_validate_and_replan_to_the_same_plan(
     release: str, model: str, engine_run: Runs, tmp_path: Path
 ) -> None:
     run = engine_run(model, release)
-    dumps = [run.workdir / f"dump-{name}" for name, _, _ in served(release)]
+    dumps = [run.workdir / f"dump-{name}" for name, _, _ in KVPLAN_VARIANTS]
     first = dumps[0]
     assert sorted(p.name for p in first.iterdir()) == ["rank0.input.json", "rank0.plan.json"]
     captured = json.loads((first / "rank0.input.json").read_text())

@@ -89,19 +89,19 @@ def test_names_from_the_file_system_reach_no_terminal_raw(
 
 
 ENVIRONMENT = {
-    "KVPLAN_DUMP_DIR": lambda t: f"/tmp/d{t}",
-    "KVPLAN_PLAN_DIR": lambda t: f"/tmp/p{t}",
-    "KVPLAN_BACKEND": lambda t: f"b{t}",
-    "KVPLAN_MODE": lambda t: f"m{t}",
+    "KVPLAN_DUMP_DIR": lambda base, t: f"{base}/d{t}",
+    "KVPLAN_PLAN_DIR": lambda base, t: f"{base}/p{t}",
+    "KVPLAN_BACKEND": lambda base, t: f"b{t}",
+    "KVPLAN_MODE": lambda base, t: f"m{t}",
 }
-"""Plugin settings that ``kvplan doctor`` prints."""
+"""Plugin settings that ``kvplan doctor`` prints (paths below the test's own directory)."""
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
 @pytest.mark.parametrize("variable", sorted(ENVIRONMENT))
-def test_environment_values_reach_no_terminal_raw(variable: str, name: str) -> None:
+def test_environment_values_reach_no_terminal_raw(variable: str, name: str, tmp_path: Path) -> None:
     text = HOSTILE_TEXTS[name]
-    value = ENVIRONMENT[variable](text)
+    value = ENVIRONMENT[variable](tmp_path, text)
     if "\x00" in value:  # pragma: no cover - no hostile text holds NUL
         return
     # the first doctor imports vLLM (tens of seconds on a loaded machine): not a hang

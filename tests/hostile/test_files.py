@@ -142,8 +142,9 @@ def test_hostile_output_target(tmp_path: Path, doc: Path, previous: Path, name: 
 
 
 def test_output_through_a_symlink_is_refused(tmp_path: Path, doc: Path, previous: Path) -> None:
-    """A link where the output goes could point anywhere (a planted ``/tmp/plan.json`` ->
-    ``~/.bashrc``): kvplan never writes through one, and names the file to write instead."""
+    """A link where the output goes could point anywhere (a planted ``plan.json`` in a
+    shared directory -> ``~/.bashrc``): kvplan never writes through one, and names the file
+    to write instead."""
     link = _link(tmp_path / "link.json", previous)
     before = digest(previous)
     outcome = invoke(["plan", str(doc), "-o", str(link)])

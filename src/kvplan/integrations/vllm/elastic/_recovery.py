@@ -78,7 +78,7 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
     side.retry_at = now + side.settings.map_retry
     side.changed()
     side.recovered += 1
-    first_problem = failed.error.diagnostics[0].message if failed.error.diagnostics else ""
+    first_problem = refusals.first_message(failed.error)
     logger.warning(
         "kvplan: backing %d blocks of step %d failed (%s); its maps were rolled back, %d "
         "requests that used them are preempted and recomputed, and no new memory is mapped "
@@ -115,10 +115,6 @@ class MapFailureReport:
             "lower KVPLAN_MEMORY_LIMIT below the memory this device really has free",
         )
         return MapFailed(self.seq, self.blocks, KVPlanError(problem))
-
-
-def _first_message(exc: KVPlanError) -> str:
-    return exc.diagnostics[0].message if exc.diagnostics else str(exc)
 
 
 def _tp_group() -> Any:
@@ -194,9 +190,9 @@ def hand_over(
     if scheduler is not None:
         scheduler.failed[failed.seq] = failed
         return None
-    ranks = getattr(failed, "ranks", None) or (int(worker.label.removeprefix("rank") or 0),)
-    return MapFailureReport(failed.seq, tuple(failed.blocks), tuple(ranks),
-                            _first_message(failed.error))  # fmt: skip
+    ranks = failed.ranks or (int(worker.label.removeprefix("rank") or 0),)
+    message = refusals.first_message(failed.error)
+    return MapFailureReport(failed.seq, tuple(failed.blocks), tuple(ranks), message)
 
 
 def with_report(output: Any, report: MapFailureReport) -> Any:

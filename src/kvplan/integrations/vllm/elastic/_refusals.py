@@ -28,10 +28,15 @@ def elastic_geometry(label: str, scheduler: str, worker: str) -> KVPlanError:
     )
 
 
+def first_message(exc: KVPlanError) -> str:
+    """What ``exc`` says first (its first diagnostic's message), for one-line reports."""
+    return exc.diagnostics[0].message if exc.diagnostics else str(exc)
+
+
 def elastic_map_failed(label: str, blocks: int, exc: KVPlanError, why: str) -> KVPlanError:
     """``KVP532``: backing a step's blocks failed (the step's maps were rolled back) and the
     failure cannot be turned into running out of blocks (``why``)."""
-    first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
+    first = first_message(exc)
     return KVPlanError(
         [
             error(
