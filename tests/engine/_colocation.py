@@ -217,6 +217,18 @@ def start_engine(
         "linger": linger,
         "expect_refusal": expect_refusal,
     }
+    return _launch(python, name, job, workdir, control, env)
+
+
+def _launch(
+    python: Path,
+    name: str,
+    job: dict[str, Any],
+    workdir: Path,
+    control: Path,
+    env: dict[str, str],
+) -> Engine:
+    """Write ``job`` and start the co-location driver on it (``env`` over a clean base)."""
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job))
     log_path = workdir / "engine.log"
@@ -257,18 +269,7 @@ def replay_engine(
         "seed": seed,
         "gain": gain,
     }
-    job_path, result_path = workdir / "job.json", workdir / "result.json"
-    job_path.write_text(json.dumps(job))
-    log_path = workdir / "engine.log"
-    process_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    process_env.pop("PYTHONPATH", None)
-    process_env.update(ENGINE_ENV)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [str(python), str(COLOC_DRIVER), str(job_path), str(result_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=process_env,
-        )  # fmt: skip
-    return Engine(name, process, workdir, workdir, log_path, result_path)
+    return _launch(python, name, job, workdir, workdir, {})
 
 
 def wait_for(what: str, check: Any, timeout: float, engines: list[Engine]) -> None:
