@@ -75,7 +75,7 @@ def parse_int(
     default, the code of a command-line value of the wrong type) at ``where``; below
     ``minimum`` too. ``int()`` alone would read ``٣`` or ``３`` as 3 and ``1_0`` as 10, and
     ``str.isdigit()`` accepts ``²``, which ``int()`` then refuses."""
-    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+    from kvplan.schemas.errors import Code, KVPlanError, error
 
     value: int | None = None
     if _ascii_number(text, 40):
@@ -84,14 +84,7 @@ def parse_int(
         except ValueError:
             value = None
     if value is None:
-        raise KVPlanError(
-            error(
-                Code(code),
-                where,
-                f"{show_value(text)} is not an integer written in ASCII digits.",
-                f"e.g. {where} 16" if where.startswith("-") else "write e.g. 16",
-            )
-        )
+        raise _not_ascii(text, where, code, "an integer", "16")
     if minimum is not None and value < minimum:
         raise KVPlanError(
             error(Code(code), where, f"{value} is below {minimum}.", f"give at least {minimum}")
@@ -103,20 +96,22 @@ def parse_number(text: str, where: str = "number", *, code: str = "KVP406") -> f
     """A number people typed (``--gpu-memory-utilization 0.9``, ``--interval 0.5``): ASCII
     only (``nan`` and ``inf`` are returned: the caller checks its range), else
     ``KVPlanError`` with ``code`` at ``where``."""
-    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
-
     try:
         if _ascii_number(text, 60):
             return float(text)
     except ValueError:
         pass
-    raise KVPlanError(
-        error(
-            Code(code),
-            where,
-            f"{show_value(text)} is not a number written in ASCII digits.",
-            f"e.g. {where} 0.9" if where.startswith("-") else "write e.g. 0.9",
-        )
+    raise _not_ascii(text, where, code, "a number", "0.9")
+
+
+def _not_ascii(text: str, where: str, code: str, kind: str, example: str) -> Exception:
+    """The refusal of a value that is not ``kind`` written in ASCII digits (with an example
+    after the flag when ``where`` is one)."""
+    from kvplan.schemas.errors import Code, KVPlanError, error, show_value
+
+    hint = f"e.g. {where} {example}" if where.startswith("-") else f"write e.g. {example}"
+    return KVPlanError(
+        error(Code(code), where, f"{show_value(text)} is not {kind} written in ASCII digits.", hint)
     )
 
 

@@ -159,3 +159,21 @@ def test_inspect_and_golden_add_take_the_same_inspect_options() -> None:
         assert shared <= {p.name for p in command.params}
     bad = runner.invoke(app, ["golden", "add", "g", "some/model", "--gpu-memory", "0"])
     assert bad.exit_code == 2 and bad.stderr.startswith("KVP020 error at --gpu-memory")
+
+
+def test_every_inspect_flag_read_from_text_is_refused_under_its_own_option_name() -> None:
+    """The flags the CLI parses (sizes, numbers, counts) name the option a user typed when
+    the text is bad, and every other flag reaches :class:`InspectOptions` as typed."""
+    from kvplan.cli._inspect_flags import _PARSERS, InspectFlags
+    from kvplan.schemas.errors import KVPlanError
+
+    for name in _PARSERS:
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(KVPlanError) as caught:
+            InspectFlags(**{name: "x"}).options()  # type: ignore[arg-type]
+        assert caught.value.diagnostics[0].location == flag
+        result = runner.invoke(app, ["inspect", "some/model", flag, "x"])
+        assert result.exit_code == 2 and f"error at {flag}:" in result.stderr
+    options = InspectFlags(no_hybrid=True, layout="LBNHC", tp="2").options()
+    assert options.disable_hybrid_kv_cache_manager and options.layout == "LBNHC"
+    assert options.tp == 2

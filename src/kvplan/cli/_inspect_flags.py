@@ -74,32 +74,29 @@ class InspectFlags:
     def options(self) -> InspectOptions:
         """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size,
         ``KVP406`` for a number that is not ASCII digits). Read before vLLM is imported."""
-        gpu_memory = units.parse_size(self.gpu_memory, "--gpu-memory")
-        utilization = units.parse_number(self.gpu_memory_utilization, "--gpu-memory-utilization")
-        num_blocks = _optional_int(self.num_blocks, "--num-blocks")
-        max_model_len = _optional_int(self.max_model_len, "--max-model-len")
-        block_size = _optional_int(self.block_size, "--block-size")
-        tp = units.parse_int(self.tp, "--tp", minimum=1)
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            value, parse = getattr(self, f.name), _PARSERS.get(f.name)
+            if parse is not None and value is not None:
+                value = parse(value, "--" + f.name.replace("_", "-"))
+            values[_RENAMED.get(f.name, f.name)] = value
         from kvplan.integrations.vllm.inspect import InspectOptions
 
-        return InspectOptions(
-            gpu_memory=gpu_memory,
-            gpu_memory_utilization=utilization,
-            num_blocks=num_blocks,
-            max_model_len=max_model_len,
-            kv_cache_dtype=self.kv_cache_dtype,
-            block_size=block_size,
-            tp=tp,
-            layout=self.layout,
-            disable_hybrid_kv_cache_manager=self.no_hybrid,
-            attention_backend=self.attention_backend,
-            reserve_weights=self.reserve_weights,
-            trust_remote_code=self.trust_remote_code,
-        )
+        return InspectOptions(**values)
 
 
-def _optional_int(text: str | None, option: str) -> int | None:
-    return None if text is None else units.parse_int(text, option)
+_PARSERS: dict[str, Callable[[str, str], object]] = {
+    "gpu_memory": units.parse_size,
+    "gpu_memory_utilization": units.parse_number,
+    "num_blocks": units.parse_int,
+    "max_model_len": units.parse_int,
+    "block_size": units.parse_int,
+    "tp": functools.partial(units.parse_int, minimum=1),
+}
+"""How the flags typed as text are read, each given its option name (``--`` and the field's
+name) for the refusal; the other flags are passed as typed."""
+_RENAMED = {"no_hybrid": "disable_hybrid_kv_cache_manager"}
+"""Flags whose :class:`InspectOptions` field has another name."""
 
 
 def with_inspect_flags(command: _F) -> _F:

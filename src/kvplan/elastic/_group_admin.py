@@ -11,27 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvplan.elastic import _group_files as files
 from kvplan.elastic import grants
-from kvplan.elastic._group_files import (
-    LOCK_TIMEOUT,
-    MAX_BYTES,
-    SNAPSHOT_KIND,
-    GroupLock,
-    GroupPaths,
-    Liveness,
-    _check_directory,
-    _ensure_members_dir,
-    _fail,
-    _ledger_problem,
-    _policy_error,
-    _signature,
-    probe_lease,
-    read_ledger,
-    reap,
-    to_ledger,
-    to_state,
-    write_ledger,
-)
 from kvplan.elastic.grants import GroupState, PolicyError
 from kvplan.schemas.errors import Code, show_value
 
@@ -62,7 +43,7 @@ class GroupSnapshot(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["kvplan-group-snapshot"] = SNAPSHOT_KIND
+    kind: Literal["kvplan-group-snapshot"] = files.SNAPSHOT_KIND
     version: Literal[1] = 1
     directory: str
     time: float
@@ -77,7 +58,9 @@ class GroupSnapshot(BaseModel):
     members: list[MemberSnapshot]
 
 
-def snapshot_of(paths: GroupPaths, state: GroupState, liveness: dict[str, str]) -> GroupSnapshot:
+def snapshot_of(
+    paths: files.GroupPaths, state: GroupState, liveness: dict[str, str]
+) -> GroupSnapshot:
     shares = grants.owed(state)
     limits = grants.effective_limits(state)
     return GroupSnapshot(
@@ -95,7 +78,7 @@ def snapshot_of(paths: GroupPaths, state: GroupState, liveness: dict[str, str]) 
             MemberSnapshot(
                 name=m.name,
                 pid=m.pid,
-                liveness=liveness.get(m.name, Liveness.ALIVE),
+                liveness=liveness.get(m.name, files.Liveness.ALIVE),
                 factor=m.factor,
                 floor_bytes=m.floor,
                 guarantee_bytes=m.guarantee,
@@ -117,74 +100,68 @@ def read_snapshot(directory: Path | str) -> GroupSnapshot:
     """The group now. Takes no lock — the ledger is replaced atomically, so a read always
     sees a whole ledger, and a writer that hangs holding the lock cannot block it. Dead
     members are shown as ``dead``, not reaped (reading needs no write access)."""
-    paths = _check_directory(Path(directory))
-    GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
-    ledger = read_ledger(paths)
+    paths = files.check_directory(Path(directory))
+    files.GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
+    ledger = files.read_ledger(paths)
     if ledger is None:
-        raise _ledger_problem(paths, "is missing (no engine has joined yet).")
-    state = to_state(ledger)
-    liveness = {r.name: probe_lease(paths, r.lease, r.lease_inode) for r in ledger.members}
+        raise files.ledger_problem(paths, "is missing (no engine has joined yet).")
+    state = files.to_state(ledger)
+    liveness = {r.name: files.probe_lease(paths, r.lease, r.lease_inode) for r in ledger.members}
     return snapshot_of(paths, state, liveness)
 
 
 @contextlib.contextmanager
 def _admin(
     directory: Path | str, timeout: float, create_budget: int | None = None
-) -> Iterator[tuple[GroupPaths, GroupState]]:
-    paths = _check_directory(Path(directory))
+) -> Iterator[tuple[files.GroupPaths, GroupState]]:
+    paths = files.check_directory(Path(directory))
     if create_budget is not None:
-        _ensure_members_dir(paths)
-    lock = GroupLock(paths, create=create_budget is not None)
+        files.ensure_members_dir(paths)
+    lock = files.GroupLock(paths, create=create_budget is not None)
     try:
         with lock.hold(timeout):
-            ledger = read_ledger(paths)
+            ledger = files.read_ledger(paths)
             if ledger is None:
                 if create_budget is None:
-                    raise _ledger_problem(paths, "is missing (no engine has joined yet).")
+                    raise files.ledger_problem(paths, "is missing (no engine has joined yet).")
                 state = GroupState(budget=create_budget)
             else:
-                state = to_state(ledger)
-            before = _signature(state)
-            reap(paths, state)
+                state = files.to_state(ledger)
+            before = files.signature(state)
+            files.reap(paths, state)
             revision = state.revision
             yield paths, state
-            if ledger is None or state.revision != revision or _signature(state) != before:
+            if ledger is None or state.revision != revision or files.signature(state) != before:
                 if state.revision == revision:
                     state.revision += 1
-                write_ledger(paths, to_ledger(state))
+                files.write_ledger(paths, files.to_ledger(state))
     finally:
         lock.close()
 
 
 def set_budget(
-    directory: Path | str, budget: int, *, create: bool = False, timeout: float = LOCK_TIMEOUT
+    directory: Path | str, budget: int, *, create: bool = False, timeout: float = files.LOCK_TIMEOUT
 ) -> GroupSnapshot:
     """Change the group's budget (``kvplan limit``); with ``create``, make the group if it
     has no ledger. ``KVP542`` below Σ guarantees (the message names both); below Σ grants
     the borrowers owe the difference and give it back at their next ticks."""
-    if not 0 <= budget <= MAX_BYTES:
-        raise _fail(
-            Code.GROUP_BAD_REQUEST,
-            directory,
-            f"the budget must be 0 to {MAX_BYTES} bytes (got {show_value(budget)}).",
-            "pass a byte count",
-        )
+    files.check_bytes(directory, "budget", budget)
     with _admin(directory, timeout, budget if create else None) as (paths, state):
         try:
             grants.set_budget(state, budget)
         except PolicyError as exc:
-            raise _policy_error(exc, paths.directory) from None
+            raise files.policy_error(exc, paths.directory) from None
     return read_snapshot(directory)
 
 
 def set_guarantee(
-    directory: Path | str, name: str, guarantee: int, *, timeout: float = LOCK_TIMEOUT
+    directory: Path | str, name: str, guarantee: int, *, timeout: float = files.LOCK_TIMEOUT
 ) -> GroupSnapshot:
     """Change member ``name``'s guarantee. ``KVP547`` for an unknown member, a guarantee
     below its floor or above its ceiling; ``KVP542`` when the guarantees would not fit."""
     with _admin(directory, timeout) as (paths, state):
         if name not in state.members:
-            raise _fail(
+            raise files.fail(
                 Code.GROUP_BAD_REQUEST,
                 paths.directory,
                 f"the group has no member named {show_value(name)}.",
@@ -193,5 +170,5 @@ def set_guarantee(
         try:
             grants.set_guarantee(state, name, guarantee)
         except PolicyError as exc:
-            raise _policy_error(exc, paths.directory) from None
+            raise files.policy_error(exc, paths.directory) from None
     return read_snapshot(directory)

@@ -58,8 +58,26 @@ _LEASE = r"^[0-9a-f]{32}$"
 _TEMP_PREFIX = f".{LEDGER_FILE}."
 
 
-def _fail(code: Code, where: object, message: str, hint: str = "") -> KVPlanError:
+def fail(code: Code, where: object, message: str, hint: str = "") -> KVPlanError:
     return KVPlanError(error(code, printable(str(where)), message, hint))
+
+
+def check_range(
+    where: object, what: str, value: int, high: int, *, low: int = 0, unit: str = "", hint: str
+) -> None:
+    """``KVP547`` (a bad request) unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise fail(
+            Code.GROUP_BAD_REQUEST,
+            where,
+            f"the {what} must be {low} to {high}{unit} (got {show_value(value)}).",
+            hint,
+        )
+
+
+def check_bytes(where: object, what: str, value: int) -> None:
+    """``KVP547`` unless ``value`` is a byte count the ledger can hold (0 to ``MAX_BYTES``)."""
+    check_range(where, what, value, MAX_BYTES, unit=" bytes", hint="pass a byte count")
 
 
 # -- documents --------------------------------------------------------------------------------
@@ -202,7 +220,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _RDONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def _open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o666) -> int:
+def open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o666) -> int:
     """Open ``path`` (never through a symbolic link, never blocking on a fifo) and make sure
     it is a regular file; the descriptor. ``FileNotFoundError`` passes through."""
     try:
@@ -211,9 +229,9 @@ def _open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o6
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _fail(code, path, f"the {what} is a symbolic link.", "remove it") from None
+            raise fail(code, path, f"the {what} is a symbolic link.", "remove it") from None
         reason = exc.strerror or type(exc).__name__
-        raise _fail(
+        raise fail(
             code, path, f"the {what} cannot be opened: {reason}.", "check its permissions"
         ) from None
     try:
@@ -223,53 +241,40 @@ def _open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o6
         raise
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise _fail(code, path, f"the {what} is not a regular file.", "remove it")
+        raise fail(code, path, f"the {what} is not a regular file.", "remove it")
     return fd
 
 
-def _check_directory(directory: Path) -> GroupPaths:
+def check_directory(directory: Path) -> GroupPaths:
     paths = GroupPaths(Path(directory))
     try:
         info = os.stat(paths.directory)
     except OSError as exc:
         reason = "does not exist" if exc.errno == errno.ENOENT else (exc.strerror or "error")
-        raise _fail(
-            Code.GROUP_UNREACHABLE,
-            paths.directory,
-            f"the group directory {reason}.",
-            "create it (mkdir) or point KVPLAN_GROUP at the group's directory",
-        ) from None
+        hint = "create it (mkdir) or point KVPLAN_GROUP at the group's directory"
+        raise _unreachable(paths.directory, f"the group directory {reason}.", hint) from None
     if not stat.S_ISDIR(info.st_mode):
-        raise _fail(
-            Code.GROUP_UNREACHABLE,
-            paths.directory,
-            "the group directory is not a directory.",
-            "point KVPLAN_GROUP at the group's directory",
-        )
+        problem, hint = "is not a directory", "point KVPLAN_GROUP at the group's directory"
+        raise _unreachable(paths.directory, f"the group directory {problem}.", hint)
     return paths
 
 
-def _ensure_members_dir(paths: GroupPaths) -> None:
-    with contextlib.suppress(FileExistsError):
-        try:
-            os.mkdir(paths.members, 0o777)
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            raise _fail(
-                Code.GROUP_UNREACHABLE,
-                paths.members,
-                f"cannot create the members directory: {exc.strerror or type(exc).__name__}.",
-                "make the group directory writable",
-            ) from None
-    info = os.lstat(paths.members)
-    if not stat.S_ISDIR(info.st_mode):
-        raise _fail(
-            Code.GROUP_UNREACHABLE,
-            paths.members,
-            "the members directory is not a directory (or is a symbolic link).",
-            "remove it; kvplan creates it",
-        )
+def ensure_members_dir(paths: GroupPaths) -> None:
+    try:
+        os.mkdir(paths.members, 0o777)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        problem = f"cannot create the members directory: {exc.strerror or type(exc).__name__}."
+        raise _unreachable(paths.members, problem, "make the group directory writable") from None
+    if not stat.S_ISDIR(os.lstat(paths.members).st_mode):
+        problem = "the members directory is not a directory (or is a symbolic link)."
+        raise _unreachable(paths.members, problem, "remove it; kvplan creates it")
+
+
+def _unreachable(path: Path, problem: str, hint: str) -> KVPlanError:
+    """``KVP540``: a group directory (or its members directory) kvplan cannot use."""
+    return fail(Code.GROUP_UNREACHABLE, path, problem, hint)
 
 
 def _unlocked() -> bool:
@@ -282,9 +287,9 @@ class GroupLock(_Descriptor):
     def __init__(self, paths: GroupPaths, *, create: bool) -> None:
         flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | _RDONLY
         try:
-            fd = _open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE)
+            fd = open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE)
         except FileNotFoundError:
-            raise _fail(
+            raise fail(
                 Code.GROUP_UNREACHABLE,
                 paths.directory,
                 "the directory is not a kvplan group (no group.lock).",
@@ -300,14 +305,14 @@ class GroupLock(_Descriptor):
             yield
             return
         assert self.fd is not None
-        _flock_bounded(self.fd, fcntl.LOCK_EX, timeout, self.paths.lock, "the group's lock")
+        flock_bounded(self.fd, fcntl.LOCK_EX, timeout, self.paths.lock, "the group's lock")
         try:
             yield
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
-def _flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -> None:
+def flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -> None:
     deadline = time.monotonic() + timeout
     pause = 50e-6
     while True:
@@ -317,14 +322,14 @@ def _flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -
         except BlockingIOError:
             pass
         except OSError as exc:
-            raise _fail(
+            raise fail(
                 Code.GROUP_UNREACHABLE,
                 where,
                 f"cannot lock {what}: {exc.strerror or type(exc).__name__}.",
                 "check the file system holding the group (flock must work there)",
             ) from None
         if time.monotonic() >= deadline:
-            raise _fail(
+            raise fail(
                 Code.GROUP_UNREACHABLE,
                 where,
                 f"{what} was held by another process for more than {timeout:g} s.",
@@ -338,8 +343,8 @@ def _flock_bounded(fd: int, mode: int, timeout: float, where: Path, what: str) -
 # -- the ledger -------------------------------------------------------------------------------
 
 
-def _ledger_problem(paths: GroupPaths, message: str) -> KVPlanError:
-    return _fail(
+def ledger_problem(paths: GroupPaths, message: str) -> KVPlanError:
+    return fail(
         Code.GROUP_LEDGER_INVALID,
         paths.ledger,
         f"the group ledger {message}",
@@ -351,7 +356,7 @@ def read_ledger(paths: GroupPaths) -> GroupLedger | None:
     """The group's ledger; ``None`` when there is none. ``KVP541`` for anything else that is
     not a valid ledger (symbolic link, fifo, directory, too large, torn, hostile values)."""
     try:
-        fd = _open_regular(paths.ledger, _RDONLY, "group ledger", Code.GROUP_LEDGER_INVALID)
+        fd = open_regular(paths.ledger, _RDONLY, "group ledger", Code.GROUP_LEDGER_INVALID)
     except FileNotFoundError:
         return None
     try:
@@ -364,11 +369,11 @@ def read_ledger(paths: GroupPaths) -> GroupLedger | None:
             chunks.append(part)
             size += len(part)
     except OSError as exc:
-        raise _ledger_problem(paths, f"cannot be read: {exc.strerror or 'error'}.") from None
+        raise ledger_problem(paths, f"cannot be read: {exc.strerror or 'error'}.") from None
     finally:
         os.close(fd)
     if size > MAX_LEDGER_BYTES:
-        raise _ledger_problem(paths, f"is larger than {MAX_LEDGER_BYTES >> 20} MiB.")
+        raise ledger_problem(paths, f"is larger than {MAX_LEDGER_BYTES >> 20} MiB.")
     raw = b"".join(chunks)
     known = _LAST.get(str(paths.ledger))
     if known is not None and known[0] == raw:
@@ -389,14 +394,14 @@ def _parse_ledger(paths: GroupPaths, raw: bytes) -> GroupLedger:
         data: Any = parse_text(decode_text(raw, name), name)
     except KVPlanError as exc:
         first = exc.diagnostics[0]
-        raise _ledger_problem(
+        raise ledger_problem(
             paths, f"cannot be used: {first.code.value} {first.message.rstrip('.')}."
         ) from None
     if not isinstance(data, dict) or data.get("kind") != LEDGER_KIND:
         got = show_value(data.get("kind")) if isinstance(data, dict) else show_value(data)
-        raise _ledger_problem(paths, f"is not a {LEDGER_KIND} document (kind {got}).")
+        raise ledger_problem(paths, f"is not a {LEDGER_KIND} document (kind {got}).")
     if data.get("version") != 1:
-        raise _ledger_problem(
+        raise ledger_problem(
             paths, f"has version {show_value(data.get('version'))}; this kvplan reads 1."
         )
     try:
@@ -404,18 +409,18 @@ def _parse_ledger(paths: GroupPaths, raw: bytes) -> GroupLedger:
     except ValidationError as exc:
         diags = diagnostics_from_validation(exc, name, data)
         field = diags[0].location.removeprefix(name).lstrip(":. ") or "?"
-        raise _ledger_problem(paths, f"has a bad field {field}: {diags[0].message}.") from None
+        raise ledger_problem(paths, f"has a bad field {field}: {diags[0].message}.") from None
     names = [m.name for m in ledger.members]
     leases = [m.lease for m in ledger.members]
     if len(set(names)) != len(names) or len(set(leases)) != len(leases):
-        raise _ledger_problem(paths, "names a member or a lease twice.")
+        raise ledger_problem(paths, "names a member or a lease twice.")
     problems = grants.check_state(to_state(ledger))
     if problems:
-        raise _ledger_problem(paths, f"breaks the group's rules: {problems[0]}.")
+        raise ledger_problem(paths, f"breaks the group's rules: {problems[0]}.")
     return ledger
 
 
-def _signature(state: GroupState) -> tuple[object, ...]:
+def signature(state: GroupState) -> tuple[object, ...]:
     """Everything a ledger records of ``state`` (to tell whether an operation changed it)."""
     return (
         state.budget,
@@ -435,7 +440,7 @@ def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
         _LAST[str(paths.ledger)] = (text.encode(), ledger)
     except KVPlanError as exc:
         first = exc.diagnostics[0]
-        raise _fail(
+        raise fail(
             Code.GROUP_UNREACHABLE,
             paths.ledger,
             f"cannot write the group ledger: {first.message.rstrip('.')}.",
@@ -443,7 +448,7 @@ def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
         ) from None
 
 
-def _ledger_stamp(paths: GroupPaths) -> tuple[int, int, int] | None:
+def ledger_stamp(paths: GroupPaths) -> tuple[int, int, int] | None:
     try:
         info = os.lstat(paths.ledger)
     except OSError:
@@ -468,9 +473,9 @@ class Lease(_Descriptor):
         path = paths.lease(lease)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = _open_regular(path, flags, "lease file", Code.GROUP_UNREACHABLE, 0o644)
+            fd = open_regular(path, flags, "lease file", Code.GROUP_UNREACHABLE, 0o644)
         except FileNotFoundError:
-            raise _fail(
+            raise fail(
                 Code.GROUP_UNREACHABLE, path, "cannot create the lease file.", "check members/"
             ) from None
         try:
@@ -478,7 +483,7 @@ class Lease(_Descriptor):
             inode = os.fstat(fd).st_ino
         except OSError as exc:
             os.close(fd)
-            raise _fail(
+            raise fail(
                 Code.GROUP_UNREACHABLE,
                 path,
                 f"cannot lock the new lease file: {exc.strerror or type(exc).__name__}.",
@@ -522,8 +527,8 @@ def probe_lease(paths: GroupPaths, lease: str, inode: int) -> str:
         os.close(fd)
 
 
-def _tampered(paths: GroupPaths, lease: str, name: str) -> KVPlanError:
-    return _fail(
+def tampered(paths: GroupPaths, lease: str, name: str) -> KVPlanError:
+    return fail(
         Code.GROUP_LEASE_LOST,
         paths.lease(lease),
         f"the lease file of member {name} is not the file it locked (replaced, or not a "
@@ -542,7 +547,7 @@ def reap(paths: GroupPaths, state: GroupState, keep: str | None = None) -> list[
         lease = m.lease
         found = probe_lease(paths, lease, m.lease_inode)
         if found == Liveness.TAMPERED:
-            raise _tampered(paths, lease, name)
+            raise tampered(paths, lease, name)
         if found == Liveness.DEAD:
             grants.leave(state, name)
             with contextlib.suppress(OSError):
@@ -551,13 +556,13 @@ def reap(paths: GroupPaths, state: GroupState, keep: str | None = None) -> list[
     return dead
 
 
-def _still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
+def still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
     """Whether ``m`` is alive, asked a few times a millisecond apart: a reader (``kvplan
     top``) probing a dead member's lease holds it for a moment, which looks like a holder."""
     for i in range(tries):
         found = probe_lease(paths, m.lease, m.lease_inode)
         if found == Liveness.TAMPERED:
-            raise _tampered(paths, m.lease, m.name)
+            raise tampered(paths, m.lease, m.name)
         if found == Liveness.DEAD:
             return False
         if i + 1 < tries:
@@ -565,7 +570,7 @@ def _still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
     return True
 
 
-def _clean(paths: GroupPaths, ledger: GroupLedger | None) -> None:
+def clean(paths: GroupPaths, ledger: GroupLedger | None) -> None:
     """Remove what killed writers and joiners left: temporary ledgers and unlocked lease
     files the ledger does not name (inside the exclusive lock; bounded)."""
     known = {m.lease for m in ledger.members} if ledger else set()
@@ -590,7 +595,7 @@ def _clean(paths: GroupPaths, ledger: GroupLedger | None) -> None:
                     os.unlink(entry.path)
 
 
-def _policy_error(exc: PolicyError, where: object) -> KVPlanError:
+def policy_error(exc: PolicyError, where: object) -> KVPlanError:
     code = {
         "guarantees": Code.GROUP_GUARANTEES_EXCEED_BUDGET,
         "name": Code.GROUP_MEMBER_REFUSED,
@@ -600,4 +605,4 @@ def _policy_error(exc: PolicyError, where: object) -> KVPlanError:
         "lower a guarantee",
         Code.GROUP_MEMBER_REFUSED: "give the engine another name (KVPLAN_ENGINE_NAME)",
     }.get(code, "pass a value within the rules")
-    return _fail(code, where, str(exc) + ".", hint)
+    return fail(code, where, str(exc) + ".", hint)

@@ -68,21 +68,23 @@ from kvplan.elastic._group_files import (
     Lease,
     Liveness,
     MemberRecord,
-    _check_directory,
-    _clean,
-    _ensure_members_dir,
-    _fail,
-    _flock_bounded,
-    _ledger_problem,
-    _ledger_stamp,
-    _open_regular,
-    _policy_error,
-    _signature,
-    _still_alive,
-    _tampered,
+    check_bytes,
+    check_directory,
+    check_range,
+    clean,
+    ensure_members_dir,
+    fail,
+    flock_bounded,
+    ledger_problem,
+    ledger_stamp,
+    open_regular,
+    policy_error,
     probe_lease,
     read_ledger,
     reap,
+    signature,
+    still_alive,
+    tampered,
     to_ledger,
     to_state,
     write_ledger,
@@ -191,37 +193,27 @@ class GroupMember:
         :attr:`budget`). ``KVP540``-``KVP547`` when it cannot join.
         """
         if not re.fullmatch(_NAME, name):
-            raise _fail(
+            raise fail(
                 Code.GROUP_MEMBER_REFUSED,
                 directory,
                 f"the member name {show_value(name)} is not valid (1-128 letters, digits and "
                 "._:@+- , starting with a letter or digit).",
                 "set KVPLAN_ENGINE_NAME to such a name",
             )
-        if not 1 <= factor <= MAX_FACTOR:
-            raise _fail(
-                Code.GROUP_BAD_REQUEST,
-                directory,
-                f"the charge factor must be 1 to {MAX_FACTOR} (got {show_value(factor)}).",
-                "pass the number of ranks whose memory the group holds",
-            )
+        check_range(
+            directory,
+            "charge factor",
+            factor,
+            MAX_FACTOR,
+            low=1,
+            hint="pass the number of ranks whose memory the group holds",
+        )
         for label, value in (("floor", floor), ("ceiling", ceiling), ("initial", initial)):
-            if not 0 <= value <= MAX_BYTES:
-                raise _fail(
-                    Code.GROUP_BAD_REQUEST,
-                    directory,
-                    f"the {label} must be 0 to {MAX_BYTES} bytes (got {show_value(value)}).",
-                    "pass a byte count",
-                )
-        if budget is not None and not 0 <= budget <= MAX_BYTES:
-            raise _fail(
-                Code.GROUP_BAD_REQUEST,
-                directory,
-                f"the budget must be 0 to {MAX_BYTES} bytes (got {show_value(budget)}).",
-                "pass a byte count",
-            )
-        paths = _check_directory(Path(directory))
-        _ensure_members_dir(paths)
+            check_bytes(directory, label, value)
+        if budget is not None:
+            check_bytes(directory, "budget", budget)
+        paths = check_directory(Path(directory))
+        ensure_members_dir(paths)
         lock = GroupLock(paths, create=True)
         lease_id = secrets.token_hex(16)
         member_lease: Lease | None = None
@@ -231,7 +223,7 @@ class GroupMember:
                 created = ledger is None
                 if ledger is None:
                     if budget is None:
-                        raise _fail(
+                        raise fail(
                             Code.GROUP_BUDGET_MISSING,
                             paths.directory,
                             "the group has no ledger yet and no budget was given to create "
@@ -243,21 +235,21 @@ class GroupMember:
                 else:
                     state = to_state(ledger)
                 reap(paths, state)
-                _clean(paths, ledger)
+                clean(paths, ledger)
                 taken = state.members.get(name)
-                if taken is not None and not _still_alive(paths, taken):
+                if taken is not None and not still_alive(paths, taken):
                     grants.leave(state, name)  # dead: a reader's probe hid it for a moment
                     with contextlib.suppress(OSError):
                         os.unlink(paths.lease_name(taken.lease))
                 if name in state.members:
-                    raise _fail(
+                    raise fail(
                         Code.GROUP_MEMBER_REFUSED,
                         paths.directory,
                         f"a live member is already named {name} (pid {state.members[name].pid}).",
                         "give the engine another name (KVPLAN_ENGINE_NAME) or stop the other",
                     )
                 if len(state.members) >= MAX_MEMBERS:
-                    raise _fail(
+                    raise fail(
                         Code.GROUP_MEMBER_REFUSED,
                         paths.directory,
                         f"the group is full ({MAX_MEMBERS} members).",
@@ -278,7 +270,7 @@ class GroupMember:
                 try:
                     grants.join(state, record)
                 except PolicyError as exc:
-                    raise _policy_error(exc, paths.directory) from None
+                    raise policy_error(exc, paths.directory) from None
                 if initial:
                     grants.request(state, name, min(initial, ceiling))
                 write_ledger(paths, to_ledger(state))
@@ -293,7 +285,7 @@ class GroupMember:
         member.created = created
         member.lock_timeout = timeout
         member._adopt(state)
-        member._stamp = _ledger_stamp(paths)
+        member._stamp = ledger_stamp(paths)
         member._next_tick = time.monotonic() + member.tick_seconds
         return member
 
@@ -325,7 +317,7 @@ class GroupMember:
     def _mine(self, state: GroupState) -> MemberState:
         m = state.members.get(self.name)
         if m is None or m.lease != self.lease_id or not self._lease.still_mine():
-            raise _fail(
+            raise fail(
                 Code.GROUP_LEASE_LOST,
                 self.paths.directory,
                 f"member {self.name} is no longer in the group (its lease was lost or the "
@@ -339,19 +331,19 @@ class GroupMember:
         with self._lock.hold(self.lock_timeout):
             ledger = read_ledger(self.paths)
             if ledger is None:
-                raise _ledger_problem(self.paths, "is missing.")
+                raise ledger_problem(self.paths, "is missing.")
             state = to_state(ledger)
             self._mine(state)
-            before = _signature(to_state(ledger))
+            before = signature(to_state(ledger))
             reap(self.paths, state, keep=self.name)
             yield state
             self.group_ops += 1
-            if _signature(state) != before or state.revision != ledger.revision:
+            if signature(state) != before or state.revision != ledger.revision:
                 if state.revision == ledger.revision:
                     state.revision += 1
                 write_ledger(self.paths, to_ledger(state))
             self._adopt(state)
-            self._stamp = _ledger_stamp(self.paths)
+            self._stamp = ledger_stamp(self.paths)
 
     # -- accounting ---------------------------------------------------------------------------
     def request(self, need: int) -> bool:
@@ -375,7 +367,7 @@ class GroupMember:
         deadline = time.monotonic() + timeout
         while not self.request(need):
             if time.monotonic() >= deadline:
-                raise _fail(
+                raise fail(
                     Code.GROUP_NOT_GRANTED,
                     self.paths.directory,
                     f"member {self.name} was not granted {need} bytes within {timeout:g} s "
@@ -436,11 +428,11 @@ class GroupMember:
             return False
         self._next_tick = now + self.tick_seconds
         before = (self.granted, self.effective_limit, self.claim)
-        stamp = _ledger_stamp(self.paths)
+        stamp = ledger_stamp(self.paths)
         if stamp != self._stamp or self._owed_to:
             ledger = read_ledger(self.paths)
             if ledger is None:
-                raise _ledger_problem(self.paths, "is missing.")
+                raise ledger_problem(self.paths, "is missing.")
             state = to_state(ledger)
             self._mine(state)
             self._stamp = stamp
@@ -492,14 +484,14 @@ def attach(directory: Path | str, name: str, timeout: float = LOCK_TIMEOUT) -> L
     only when nobody holds it, and removes the file while holding it; so either this process
     holds the lease first (and the member is alive) or it sees the file gone or replaced.
     """
-    paths = _check_directory(Path(directory))
+    paths = check_directory(Path(directory))
     GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
 
     def record() -> MemberRecord:
         ledger = read_ledger(paths)
         found = next((m for m in (ledger.members if ledger else []) if m.name == name), None)
         if found is None:
-            raise _fail(
+            raise fail(
                 Code.GROUP_LEASE_LOST,
                 paths.directory,
                 f"member {name} is not in the group.",
@@ -510,18 +502,18 @@ def attach(directory: Path | str, name: str, timeout: float = LOCK_TIMEOUT) -> L
     member = record()
     path = paths.lease(member.lease)
     try:
-        fd = _open_regular(path, _RDONLY, "lease file", Code.GROUP_LEASE_LOST)
+        fd = open_regular(path, _RDONLY, "lease file", Code.GROUP_LEASE_LOST)
     except FileNotFoundError:
-        raise _fail(
+        raise fail(
             Code.GROUP_LEASE_LOST, path, f"the lease of {name} is gone.", "restart the engine"
         ) from None
     try:
         if os.fstat(fd).st_ino != member.lease_inode:
-            raise _tampered(paths, member.lease, name)
-        _flock_bounded(fd, fcntl.LOCK_SH, timeout, path, f"the lease of {name}")
+            raise tampered(paths, member.lease, name)
+        flock_bounded(fd, fcntl.LOCK_SH, timeout, path, f"the lease of {name}")
         again = record()
         if again.lease != member.lease or not _same_inode(path, member.lease_inode):
-            raise _fail(
+            raise fail(
                 Code.GROUP_LEASE_LOST,
                 path,
                 f"member {name} was reaped while this worker attached.",

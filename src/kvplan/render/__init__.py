@@ -21,7 +21,6 @@ from kvplan.render._geometry import (
 )
 from kvplan.render._palette import palette, style_name
 from kvplan.render._svg import (
-    LEFT,
     MARK_TEXT,
     Look,
     Marks,
@@ -29,6 +28,7 @@ from kvplan.render._svg import (
     esc,
     exact,
     pool_band,
+    pool_bands,
 )
 from kvplan.render._zoom import pool_zoom
 from kvplan.render.elastic import EngineView, elastic_page
@@ -37,8 +37,6 @@ from kvplan.units import human_bytes
 
 __all__ = ["EngineView", "diff_page", "drift_page", "elastic_page", "plan_page"]
 
-MAX_POOLS_DRAWN = 8
-"""Pools drawn as bands; every pool is listed in the pools table."""
 MAX_POOLS_ZOOMED = 2
 """Pools whose first blocks are zoomed (one pool per layer would repeat the same zoom)."""
 MAX_CHANGES_LISTED = 5000
@@ -224,16 +222,12 @@ def _saving_reason(plan: BindingPlan) -> str:
 
 
 def _figures(plan: BindingPlan, width: int, look: Look) -> str:
-    largest = max((p.size_bytes for p in plan.pools), default=1) or 1
-    scale = (width - LEFT - 8) / largest
-    parts = []
-    for pool in plan.pools[:MAX_POOLS_DRAWN]:
-        parts.append(pool_band(plan, pool, width, scale, look))
-    if len(plan.pools) > MAX_POOLS_DRAWN:
-        parts.append(
-            f"<p class='meta'>{len(plan.pools) - MAX_POOLS_DRAWN} more pools are not drawn; "
-            "the pools table lists every pool.</p>"
-        )
+    parts = pool_bands(
+        plan,
+        width,
+        lambda pool, scale: pool_band(plan, pool, width, scale, look),
+        "the pools table lists every pool",
+    )
     for pool in plan.pools[:MAX_POOLS_ZOOMED]:
         parts.append(pool_zoom(plan, pool, width, look))
     if len(plan.pools) > MAX_POOLS_ZOOMED:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from html import escape
 from typing import Literal
@@ -48,6 +48,8 @@ ROW_H = 22
 ROW_GAP = 4
 ZOOM_H = 30
 MAX_GROUP_ROWS = 24
+MAX_POOLS_DRAWN = 8
+"""Pools drawn as bands on one page (every page lists every pool in a table)."""
 """Group rows drawn per band and zoom; the legend and the views table name every group."""
 ARROW_HEAD = 8.0
 LABEL_PAD = 3.0
@@ -281,6 +283,21 @@ class _Band:
     bottom: float
     centres: dict[str, Place] = field(default_factory=dict)
     labels: list[_Label] = field(default_factory=list)
+
+
+def pool_bands(
+    plan: BindingPlan, width: float, draw: Callable[[Pool, float], str], listed_in: str
+) -> list[str]:
+    """``draw(pool, scale)`` for the first :data:`MAX_POOLS_DRAWN` pools, on one byte scale
+    (the largest pool fills the width), then a note of how many are not drawn and where
+    ``listed_in`` lists them."""
+    largest = max((p.size_bytes for p in plan.pools), default=1) or 1
+    scale = (width - LEFT - 8) / largest
+    parts = [draw(pool, scale) for pool in plan.pools[:MAX_POOLS_DRAWN]]
+    hidden = len(plan.pools) - MAX_POOLS_DRAWN
+    if hidden > 0:
+        parts.append(f"<p class='meta'>{hidden} more pools are not drawn; {listed_in}.</p>")
+    return parts
 
 
 def pool_band(plan: BindingPlan, pool: Pool, width: int, scale: float, look: Look) -> str:

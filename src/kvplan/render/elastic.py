@@ -5,7 +5,7 @@ counts, against the limit in force, the limit asked and the floor) and, per pool
 engine's plan, the address band with the plan's layers and the chunks the snapshot says are
 mapped (``ElasticStats.mapped_runs``). A pure function of stats snapshots and plans (the CLI
 reads the files); linear in the runs and the views, and bounded: at most
-:data:`MAX_POOLS_DRAWN` pools per rank, one rectangle per pixel column at most.
+:data:`~kvplan.render._svg.MAX_POOLS_DRAWN` pools per rank, one rectangle per pixel column at most.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kvplan.render._svg import (
     esc,
     exact,
     fit,
+    pool_bands,
     text_width,
     view_title,
 )
@@ -38,7 +39,6 @@ from kvplan.schemas.errors import Diagnostic
 from kvplan.schemas.plan import BindingPlan, Pool, View
 from kvplan.units import human_bytes
 
-MAX_POOLS_DRAWN = 8
 MAX_RUNS_LISTED = 64
 """Runs listed per pool in the page's fold-out table (the band draws all of them)."""
 WIDTH = 900
@@ -513,15 +513,12 @@ def _section(view: EngineView) -> str:
         )
     (styles,) = palette(plan)
     look = Look(Marks(), styles)
-    largest = max((p.size_bytes for p in plan.pools), default=1) or 1
-    scale = (WIDTH - LEFT - 8) / largest
-    for pool in plan.pools[:MAX_POOLS_DRAWN]:
-        parts.append(_pool_state(view, pool, look, scale))
-    if len(plan.pools) > MAX_POOLS_DRAWN:
-        parts.append(
-            f"<p class='meta'>{len(plan.pools) - MAX_POOLS_DRAWN} more pools are not drawn "
-            "(the mapped runs table lists every pool's runs).</p>"
-        )
+    parts += pool_bands(
+        plan,
+        WIDTH,
+        lambda pool, scale: _pool_state(view, pool, look, scale),
+        "the mapped runs table lists every pool's runs",
+    )
     parts.append(_runs_table(view))
     return "".join(parts)
 
