@@ -147,18 +147,30 @@ class GroupMember:
         self.paths = paths
         self.name = name
         self.lease_id = lease_id
+        """This membership's lease (``members/<lease_id>.lease``), new at every join."""
         self._lock = lock
         self._lease = lease
         self.lock_timeout = LOCK_TIMEOUT
+        """Seconds to wait for the group's lock (``KVP540`` after)."""
         self.tick_seconds = TICK_SECONDS
+        """Seconds between two looks at the ledger from :meth:`tick`."""
         self.hold_seconds = HOLD_SECONDS
+        """Seconds a grant that just grew is kept before it is given back voluntarily."""
+        # what the ledger said of this member at the last group operation (see _adopt)
         self.granted = 0
+        """Bytes this engine may map (its grant)."""
         self.effective_limit = 0
+        """Bytes it must get under: its grant less what it owes to others' claims."""
         self.claim = 0
+        """Bytes it waits for below its guarantee (others give them back at their ticks)."""
         self.guarantee = 0
+        """Bytes the group keeps for it (at least its floor)."""
         self.factor = 1
+        """Ranks charged per byte."""
         self.quantum = 1
+        """The smallest growth of its grant (bytes)."""
         self.budget = 0
+        """The group's budget (charged bytes), for messages."""
         self.created = False
         """Whether this join created the group (with the budget it was given)."""
         self._stamp: tuple[int, int, int] | None = None

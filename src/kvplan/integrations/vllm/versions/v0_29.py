@@ -48,11 +48,9 @@ from kvplan.integrations.vllm.versions._adapter import (
     VersionAdapter,
 )
 
-V2_INIT = (
-    "runner_kv_caches", "forward_context", "kv_cache_config", "device", "kernel_block_sizes",
-    "vllm_config", "kv_cache_allocation_context",
-)  # fmt: skip
-"""``init_kv_cache`` of 0.29: ``runner_kv_caches`` first, no keyword-only parameters."""
+V2_INIT = ("runner_kv_caches", *(p for p in v0_31.V2_INIT if not p.startswith("*")))
+"""``init_kv_cache`` of 0.29: 0.31's with ``runner_kv_caches`` first and no keyword-only
+parameters."""
 
 TARGETS = v0_33.retarget(
     tuple(t for t in v0_33.TARGETS if t.role != HISPARSE),
