@@ -106,8 +106,11 @@ def _step(scheduler: Any, side: SchedulerSide) -> Any:
     return output
 
 
-def _finish(scheduler: Any, side: SchedulerSide, output: Any, token: int) -> dict[str, list[int]]:
-    """The model ran: every scheduled request samples ``token``; the new tokens delivered."""
+def _finish(
+    scheduler: Any, side: SchedulerSide, output: Any, token: int, failed: MapFailed | None = None
+) -> dict[str, list[int]]:
+    """The model ran: every scheduled request samples ``token``; the new tokens delivered.
+    ``failed``: the step's maps failed on rank 0, whose output carries the report."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(output.num_scheduled_tokens)
@@ -115,6 +118,8 @@ def _finish(scheduler: Any, side: SchedulerSide, output: Any, token: int) -> dic
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[[token] for _ in ids],
     )  # fmt: skip
+    if failed is not None:
+        result = elastic.with_report(result, elastic.MapFailureReport.of(failed, 0))
     call = _Call(scheduler, output, result)
     mode = ElasticMode(ElasticSettings(), backend="host-vmm")
     outputs = mode.update_from_output(None, call)  # type: ignore[arg-type]
@@ -168,9 +173,8 @@ def test_the_requests_that_used_a_failed_steps_blocks_are_preempted_and_recomput
     mapped_before = side.ledger.mapped_bytes
     failed = _failed(failed_step)
     assert set(failed.blocks) >= {scheduler.kv_cache_manager.get_block_ids("a")[0][2]}
-    side.failed[failed.seq] = failed  # what the worker's hand-over does
     with caplog.at_level("WARNING", logger="vllm.kvplan"):
-        delivered = _finish(scheduler, side, failed_step, 666)  # garbage from scratch pages
+        delivered = _finish(scheduler, side, failed_step, 666, failed)  # garbage from scratch
 
     # b used no new block: it keeps its token; a, c and d produced nothing and wait again
     assert delivered == {"b": [666]}
@@ -207,7 +211,6 @@ def test_a_failed_map_with_nothing_left_using_it_only_unbacks(tmp_path: Any) -> 
     step = _step(scheduler, side)
     failed = _failed(step)
     scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)  # aborted while it ran
-    side.failed[failed.seq] = failed
-    _finish(scheduler, side, step, 1)
+    _finish(scheduler, side, step, 1, failed)
     assert not set(failed.blocks) & side.ledger.backed and side.recovered == 1
     assert not scheduler.running and not scheduler.waiting

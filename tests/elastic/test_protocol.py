@@ -350,17 +350,6 @@ def _failure(worker: WorkerSide, ops: ElasticOps) -> elastic.MapFailed:
     return elastic.MapFailed(ops.seq, ops.map, problem)
 
 
-def test_a_failed_map_goes_to_the_scheduler_that_sent_the_step() -> None:
-    pool, side, _ = _side()
-    pool.get_new_blocks(2)
-    ops = side.ops()
-    assert ops is not None
-    worker = _worker()
-    with worker.cache:
-        elastic.hand_over([side], worker, ops, _failure(worker, ops))
-        assert side.failed[ops.seq].blocks == ops.map
-
-
 def test_a_failed_map_that_cannot_run_refuses_the_step() -> None:
     pool, side, _ = _side()
     pool.get_new_blocks(2)
@@ -369,38 +358,45 @@ def test_a_failed_map_that_cannot_run_refuses_the_step() -> None:
     worker = _worker(ElasticSettings(poison=True))
     with worker.cache:
         with pytest.raises(KVPlanError) as refused:
-            elastic.hand_over([side], worker, ops, _failure(worker, ops))
+            elastic.report_failure(worker, _failure(worker, ops))
         assert refused.value.code is Code.ELASTIC_MAP_FAILED
         assert "KVPLAN_POISON" in refused.value.diagnostics[0].message
         assert Code.DRIVER_CALL_FAILED in [d.code for d in refused.value.diagnostics]
-        assert not side.failed
+        assert worker.pending_report is None
 
 
-def test_a_failed_map_for_a_scheduler_in_another_process_rides_on_the_output() -> None:
-    """The worker holds an unpickled copy of the operations (multiprocess executor): the
-    failure becomes a report on the step's output, which the scheduler reads back."""
+class _Output:
+    """A ``ModelRunnerOutput``'s shape: a plain object with ``req_ids``."""
+
+    req_ids = ("a",)
+
+
+@pytest.mark.parametrize("executor", ["in-process", "multiprocess"])
+def test_a_failed_map_rides_on_the_steps_output_to_the_scheduler(executor: str) -> None:
+    """One route for every executor: the failure becomes a report on the step's output,
+    which the scheduler reads back (a worker in another process holds an unpickled copy of
+    the operations, and its output is pickled on the way back)."""
     pool, side, _ = _side()
     pool.get_new_blocks(2)
     ops = side.ops()
     assert ops is not None
     worker = _worker()
     with worker.cache:
-        sent = pickle.loads(pickle.dumps(ops))
-        report = elastic.hand_over([side], worker, sent, _failure(worker, sent))
-        assert report is not None and not side.failed
+        sent = ops if executor == "in-process" else pickle.loads(pickle.dumps(ops))
+        report = elastic.report_failure(worker, _failure(worker, sent))
         assert (report.seq, report.blocks, report.ranks) == (ops.seq, ops.map, (0,))
         assert "out of memory" in report.message
-
-        class Output:  # a ModelRunnerOutput's shape: a plain object with req_ids
-            req_ids = ("a",)
-
-        shared = Output()
+        shared = _Output()
         carried = elastic.with_report(shared, report)
         assert carried is not shared and elastic.report_of(shared) is None
-        back = pickle.loads(pickle.dumps(elastic.report_of(carried)))  # the trip back
+        if executor == "multiprocess":
+            carried = pickle.loads(pickle.dumps(carried))  # the trip back
+        back = elastic.report_of(carried)
+        assert back is not None
         failed = back.failure()
         assert (failed.seq, failed.blocks) == (ops.seq, ops.map)
         assert failed.error.code is Code.ELASTIC_MAP_FAILED
+        assert "out of memory" in failed.error.diagnostics[0].message
 
 
 def test_free_ids_follow_vllms_queue_lazily() -> None:

@@ -42,8 +42,8 @@ from kvplan.integrations.vllm.elastic._pool import make_elastic, side_of
 from kvplan.integrations.vllm.elastic._recovery import (
     MapFailureReport,
     agree_across_ranks,
-    hand_over,
     recover_failed_map,
+    report_failure,
     report_of,
     with_report,
 )
@@ -83,10 +83,10 @@ __all__ = [
     "engine_floor",
     "engine_name",
     "geometry_digest",
-    "hand_over",
     "make_elastic",
     "read_elastic_settings",
     "recover_failed_map",
+    "report_failure",
     "report_of",
     "sampled_blocks",
     "scheduler_ledger",

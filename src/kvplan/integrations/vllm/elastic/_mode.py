@@ -61,8 +61,6 @@ class ElasticMode:
         """Engine core: every rank's ``KVCacheConfig`` (for the scheduler's plan)."""
         self.vllm_config: Any = None
         """Engine core: the config the engine's KV caches are being sized for."""
-        self.sides: list[SchedulerSide] = []
-        """Engine core: the elastic block pools (one per engine in this process)."""
         self.member: GroupMember | None = None
         """Engine core: this engine's membership of ``KVPLAN_GROUP`` (joined once sized)."""
         self.workers: list[worker_state.WorkerSide] = []
@@ -248,7 +246,6 @@ class ElasticMode:
         except KVPlanError as exc:
             raise runtime.refuse(exc) from None
         make_elastic(pool, side)
-        self.sides.append(side)
         logger.info(
             "kvplan: elastic block pool: %d blocks, %d bytes reserved, limit %d, cache limit "
             "%d, reserve %d, chunk %d bytes",
@@ -277,12 +274,9 @@ class ElasticMode:
         output = call.arguments["scheduler_output"]
         ops = getattr(output, OPS_ATTR, None)
         if side is not None and ops is not None:
-            failed = side.failed.pop(ops.seq, None)  # from a worker of this process
-            report = recovery.report_of(call.arguments["model_runner_output"])  # from another
-            if failed is None and report is not None and report.seq == ops.seq:
-                failed = report.failure()
-            if failed is not None:
-                recovery.recover_failed_map(scheduler, side, failed)
+            report = recovery.report_of(call.arguments["model_runner_output"])
+            if report is not None and report.seq == ops.seq:
+                recovery.recover_failed_map(scheduler, side, report.failure())
         result = call.run()
         seq = getattr(output, SEQ_ATTR, None)
         if side is not None and seq is not None:
@@ -329,7 +323,7 @@ class ElasticMode:
         if failed is None:
             return
         try:
-            side.pending_report = recovery.hand_over(self.sides, side, ops, failed)
+            side.pending_report = recovery.report_failure(side, failed)
         except KVPlanError as exc:
             raise runtime.refuse(exc) from failed.error
 

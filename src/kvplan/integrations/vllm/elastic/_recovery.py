@@ -2,10 +2,10 @@
 
 The worker rolls its maps back; with tensor parallelism every rank learns, before the forward,
 whether any rank failed, and the ranks that mapped roll back too (:func:`agree_across_ranks`),
-so all hold what the scheduler will count. The failure then reaches the scheduler: directly
-when it runs in the worker's process (:func:`hand_over`), else as a :class:`MapFailureReport`
+so all hold what the scheduler will count. The failure then reaches the scheduler one way,
+whichever executor runs the workers: as a :class:`MapFailureReport` (:func:`report_failure`)
 riding on the step's ``ModelRunnerOutput`` (:func:`with_report`, read back by
-:func:`report_of`), the one object vLLM's executors bring back from the output rank. The
+:func:`report_of`), the one object every vLLM executor brings back from the output rank. The
 scheduler turns it into preemptions before vLLM reads that output (:func:`recover_failed_map`).
 Only under ``KVPLAN_POISON=1`` (unbacked pages fault, the step cannot run) is the step refused
 with ``KVP532``.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +105,13 @@ class MapFailureReport:
     message: str
     """What the backend said (the first failing rank's problem, as this rank knows it)."""
 
+    @classmethod
+    def of(cls, failed: MapFailed, rank: int) -> MapFailureReport:
+        """The report of ``failed`` as rank ``rank`` knows it (the agreed failing ranks, else
+        itself)."""
+        message = refusals.first_message(failed.error)
+        return cls(failed.seq, tuple(failed.blocks), failed.ranks or (rank,), message)
+
     def failure(self) -> MapFailed:
         problem = error(
             Code.ELASTIC_MAP_FAILED,
@@ -174,25 +180,16 @@ def _peer_failure(label: str, ranks: tuple[int, ...]) -> KVPlanError:
     )
 
 
-def hand_over(
-    sides: Iterable[SchedulerSide], worker: WorkerSide, ops: ElasticOps, failed: MapFailed
-) -> MapFailureReport | None:
-    """Give a failed map to this engine's scheduler: directly when it runs in this process
-    (returns ``None``), else as the report the step's output must carry to it (returned; the
-    step runs meanwhile, its unbacked pages reading as scratch). Raises ``KVP532`` (the step
-    is refused) under ``KVPLAN_POISON=1``, where unbacked pages fault."""
+def report_failure(worker: WorkerSide, failed: MapFailed) -> MapFailureReport:
+    """The report of a failed map that the step's output carries to the scheduler (the step
+    runs meanwhile, its unbacked pages reading as scratch). Raises ``KVP532`` (the step is
+    refused) under ``KVPLAN_POISON=1``, where unbacked pages fault."""
     if worker.settings.poison:
         why = "KVPLAN_POISON=1 makes the unbacked pages fault, so the step cannot run"
         raise refusals.elastic_map_failed(
             worker.label, len(failed.blocks), failed.error, why
         ) from failed.error
-    scheduler = next((s for s in sides if s.sent.get(ops.seq) is ops), None)
-    if scheduler is not None:
-        scheduler.failed[failed.seq] = failed
-        return None
-    ranks = failed.ranks or (int(worker.label.removeprefix("rank") or 0),)
-    message = refusals.first_message(failed.error)
-    return MapFailureReport(failed.seq, tuple(failed.blocks), tuple(ranks), message)
+    return MapFailureReport.of(failed, int(worker.label.removeprefix("rank") or 0))
 
 
 def with_report(output: Any, report: MapFailureReport) -> Any:

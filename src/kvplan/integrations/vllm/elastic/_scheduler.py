@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvplan.integrations.vllm.elastic._ops import ElasticOps, MapFailed, geometry_digest
+from kvplan.integrations.vllm.elastic._ops import ElasticOps, geometry_digest
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
 from kvplan.schemas.errors import Diagnostic, KVPlanError
 
@@ -32,8 +32,6 @@ GROW_BLOCKS = 256
 """At most this many blocks' worth is asked of the group at once (then a quarter, a quantum)."""
 LIMIT_POLL_SECONDS = 0.5
 """How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
-SENT_KEPT = 8
-"""Operations a scheduler remembers (steps in flight are at most two with async scheduling)."""
 
 
 class SchedulerSide:
@@ -61,8 +59,6 @@ class SchedulerSide:
         self._warned_over = False
         self.floor = 0
         """The smallest limit accepted: the null block plus one longest request."""
-        self.failed: dict[int, MapFailed] = {}
-        """Steps (``ElasticOps.seq``) whose maps failed on a worker, not yet recovered."""
         self.ceiling: int | None = None
         """After a failed map: the mapped bytes then, the effective limit until ``retry_at``."""
         self.retry_at = 0.0
@@ -85,9 +81,6 @@ class SchedulerSide:
         yet (the workers may not have unmapped them): still counted against the grant."""
         self.step_unbacked = 0
         self.group_failed = False
-        self.sent: dict[int, ElasticOps] = {}
-        """The last few operations sent, by ``seq``: a worker in this process finds its
-        scheduler by identity (a worker in another process holds an unpickled copy)."""
         ledger.back([0])  # vLLM's null block: always backed (the workers map it at bind)
 
     # -- budget ---------------------------------------------------------------------------
@@ -363,6 +356,4 @@ class SchedulerSide:
             self.unconfirmed[ops.seq] = self.step_unbacked
             self.step_unbacked = 0
         self._last_sent = state
-        self.sent[ops.seq] = ops
-        self.sent.pop(ops.seq - SENT_KEPT, None)
         return ops

@@ -59,8 +59,8 @@ class WorkerSide:
     """The engine's member name in ``KVPLAN_GROUP`` (stats only)."""
     state: Literal["bound", "running", "closed"] = "bound"
     pending_report: Any = None
-    """A failed map's ``MapFailureReport`` this worker's next step output must carry to a
-    scheduler in another process (``_recovery``)."""
+    """A failed map's ``MapFailureReport`` this worker's next step output must carry to the
+    scheduler (``_recovery``)."""
     _reporter: StatsReporter | None = None
 
     def apply(self, ops: ElasticOps) -> None:
