@@ -48,9 +48,9 @@ ROW_H = 22
 ROW_GAP = 4
 ZOOM_H = 30
 MAX_GROUP_ROWS = 24
+"""Group rows drawn per band and zoom; the legend and the views table name every group."""
 MAX_POOLS_DRAWN = 8
 """Pools drawn as bands on one page (every page lists every pool in a table)."""
-"""Group rows drawn per band and zoom; the legend and the views table name every group."""
 ARROW_HEAD = 8.0
 LABEL_PAD = 3.0
 """Room kept free of arrows around a label (its white outline is 1.5 px)."""

@@ -5,7 +5,8 @@ counts, against the limit in force, the limit asked and the floor) and, per pool
 engine's plan, the address band with the plan's layers and the chunks the snapshot says are
 mapped (``ElasticStats.mapped_runs``). A pure function of stats snapshots and plans (the CLI
 reads the files); linear in the runs and the views, and bounded: at most
-:data:`~kvplan.render._svg.MAX_POOLS_DRAWN` pools per rank, one rectangle per pixel column at most.
+:data:`~kvplan.render._svg.MAX_POOLS_DRAWN` pools per rank, one rectangle per pixel column at
+most.
 """
 
 from __future__ import annotations
