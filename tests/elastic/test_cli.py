@@ -376,6 +376,14 @@ def test_limit_without_engines_is_written(tmp_path: Path) -> None:
 # -- groups (KVPLAN_GROUP) ----------------------------------------------------------------
 
 
+def test_a_guarantee_for_a_group_that_does_not_exist_is_refused_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    group = tmp_path / "group"
+    assert_refused(run("limit", "--group", str(group), "--member", "a", "1MiB"), "KVP540")
+    assert not group.exists()
+
+
 def test_limit_group_creates_changes_and_refuses_a_budget_below_the_guarantees(
     tmp_path: Path,
 ) -> None:

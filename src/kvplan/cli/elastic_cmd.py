@@ -200,9 +200,8 @@ def _limit_group(
                 "drop --cache, or run kvplan limit on the member's dump directory",
             )
         )
-    if not directory.exists():
-        directory.mkdir(parents=True)
-    _directory(directory)
+    if member is None and not directory.exists():  # a budget creates the group; a guarantee
+        directory.mkdir(parents=True)  # needs one (KVP540 from the group files, nothing made)
     after, said = _group_view.change(directory, size, member)
     if json_out:
         print_json(after.model_dump(mode="json"))
