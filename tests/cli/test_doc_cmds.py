@@ -60,7 +60,8 @@ def test_validate_json_reports_valid(gemma: Path) -> None:
 def test_show_renders_tables_and_json(gemma: Path) -> None:
     result = runner.invoke(app, ["show", str(gemma)], env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "aliases" in result.stdout and "model.layers.34.self_attn.attn" in result.stdout
+    assert "aliases" in result.stdout and "model.layers.<layer>.self_attn.attn" in result.stdout
+    assert any(line.split("│")[1].strip() == "34" for line in _rows(result.stdout))
     assert "\x1b[" not in result.stdout
     data = json.loads(runner.invoke(app, ["show", str(gemma), "--json"]).stdout)
     assert data["summary"]["aliased_layers"] == 20
@@ -177,3 +178,58 @@ def test_every_inspect_flag_read_from_text_is_refused_under_its_own_option_name(
     options = InspectFlags(no_hybrid=True, layout="LBNHC", tp="2").options()
     assert options.disable_hybrid_kv_cache_manager and options.layout == "LBNHC"
     assert options.tp == 2
+
+
+GOLDEN = Path(__file__).resolve().parents[2] / "examples" / "golden"
+E2B, E4B = (GOLDEN / f"google__gemma-4-{m}-it" / "plan.json" for m in ("E2B", "E4B"))
+
+
+def _rows(text: str) -> list[str]:
+    """The body rows of every rich table in ``text``."""
+    return [line for line in text.splitlines() if line.startswith("│")]
+
+
+def test_show_of_gemma4_e2b_reads_at_100_columns() -> None:
+    """One row per view (layer as the part of its name that differs, kind short, shape and
+    stride one word each), every line within 100 columns, nothing cut."""
+    plan = json.loads(E2B.read_text())
+    result = runner.invoke(app, ["show", str(E2B)], env={"NO_COLOR": "1", "COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert "views by group (layer = language_model.model.layers.<layer>.self_attn.attn)" in lines
+    cells = [[c.strip() for c in row.split("│")[1:-1]] for row in _rows(result.stdout)]
+    views = [c for c in cells if len(c) == 7]
+    assert len(views) == len(plan["views"]) == 15
+    assert not any("…" in cell for row in cells for cell in row)
+    by_layer = {row[1]: row for row in views}
+    full = {v["layer"].split(".")[3]: v for v in plan["views"]}
+    for layer, view in full.items():
+        group, _, kind, dtype, shape, stride, offset = by_layer[layer]
+        assert (int(group), kind, dtype, int(offset)) == (
+            view["group"], view["kind"].removesuffix("Spec"), view["dtype"], view["offset_bytes"]
+        )  # fmt: skip
+        assert shape == "×".join(map(str, view["shape"]))
+        assert stride == "×".join(map(str, view["stride"]))
+    aliases = [c for c in cells if len(c) == 2]
+    assert len(aliases) == len(plan["aliases"]) == 20
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_diff_of_two_gemma4_plans_reads_at_100_columns(fmt: str) -> None:
+    result = runner.invoke(
+        app, ["diff", str(E2B), str(E4B), "-f", fmt], env={"NO_COLOR": "1", "COLUMNS": "100"}
+    )
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert "…" not in result.stdout
+    assert "language_model.model.layers.<layer>.self_attn.attn" in lines[0]
+    if fmt == "text":
+        assert "~ views[0].shape: 786432×1×32×512 -> 294912×2×32×512" in lines
+        assert "~ views[5].kind: SlidingWindowSpec -> FullAttentionSpec" in lines
+    else:
+        assert "| views | `0` | changed | shape | `786432×1×32×512` | `294912×2×32×512` |" in lines
+    # the JSON keeps every name whole
+    data = json.loads(runner.invoke(app, ["diff", str(E2B), str(E4B), "-f", "json"]).stdout)
+    assert "language_model.model.layers.0.self_attn.attn" in {c["key"] for c in data["changes"]}

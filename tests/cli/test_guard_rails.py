@@ -86,10 +86,18 @@ def test_non_finite_numbers_are_kvp010(tmp_path: Path) -> None:
 def test_size_formatting_and_parsing_never_overflow() -> None:
     assert human_bytes(10**400) == "more than 10^290 TiB"
     assert human_bytes(10**20).endswith("TiB") and human_bytes(1610612736) == "1.50 GiB"
-    for text in ("9" * 400, "99999999999999999999TiB", "1" + "0" * 5000, "2QiB", "9EiB", "0"):
+    for text in ("1" + "0" * 5000, "2QiB", "0", "-1", "lots"):
         with pytest.raises(KVPlanError) as raised:
             parse_size(text, "--size")
         assert raised.value.code == "KVP020" and raised.value.diagnostics[0].location == "--size"
+    # a size that reads but is too large is KVP405 whatever its magnitude (8 EiB and more too)
+    for text in ("9" * 40, "99999999999999999999TiB", "8EiB", "9EiB", "16EiB"):
+        with pytest.raises(KVPlanError) as raised:
+            parse_size(text, "--size")
+        assert raised.value.code == "KVP405" and raised.value.diagnostics[0].location == "--size"
+        with pytest.raises(KVPlanError) as raised:
+            parse_size(text, "SIZE", limit=MAX_OPTION_BYTES)
+        assert raised.value.code == "KVP405"
     with pytest.raises(KVPlanError) as raised:
         parse_size("4096TiB", "--chunk-size", limit=MAX_OPTION_BYTES)
     assert raised.value.code == "KVP405"
@@ -106,7 +114,10 @@ def test_the_documented_size_limit_is_a_size_kvplan_reads(tmp_path: Path) -> Non
     assert parse_size("1PiB", limit=MAX_OPTION_BYTES) == MAX_OPTION_BYTES
     for args in (
         ["limit", str(tmp_path), "2PiB"],
+        ["limit", str(tmp_path), "8EiB"],  # 8 EiB and more: KVP405 too, as cli.md says
+        ["limit", str(tmp_path), "100EiB"],
         ["limit", str(tmp_path), "1PiB", "--cache", "2P"],
+        ["limit", str(tmp_path), "1PiB", "--cache", "9EiB"],
     ):
         assert_refused(invoke(args), "KVP405")
     assert invoke(["limit", str(tmp_path), "1PiB"]).exit_code == 0
@@ -114,7 +125,13 @@ def test_the_documented_size_limit_is_a_size_kvplan_reads(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("chunk", "code"),
-    [("2PiB", "KVP405"), ("4096TiB", "KVP405"), ("2QiB", "KVP020"), ("9" * 30, "KVP020")],
+    [
+        ("2PiB", "KVP405"),
+        ("4096TiB", "KVP405"),
+        ("2QiB", "KVP020"),
+        ("9" * 30, "KVP405"),
+        ("9" * 41, "KVP020"),
+    ],
 )
 def test_apply_chunk_size_is_validated(tmp_path: Path, chunk: str, code: str) -> None:
     plan = _file(tmp_path, "p.json", (GOLDEN / "plan.json").read_bytes())

@@ -434,3 +434,58 @@ def test_top_shows_the_group_of_its_engines_and_a_group_directory(tmp_path: Path
         assert [m["name"] for m in json.loads(alone.stdout)["members"]] == ["a"]
     finally:
         a.leave()
+
+
+def test_top_limit_column_shows_the_limit_in_force_group_cap_included(tmp_path: Path) -> None:
+    """An engine in a group is capped by its effective limit there (its guarantee plus what it
+    may borrow now); the engine table's limit column shows the lower of the two, marked, at
+    100 columns, and a note names both."""
+    from kvplan.elastic.group import GroupMember, read_snapshot, set_budget
+
+    group = tmp_path / "group"
+    group.mkdir()
+    set_budget(group, 8 << 20, create=True)
+    a = GroupMember.join(group, "a", floor=1 << 20, ceiling=8 << 20, guarantee=4 << 20)
+    b = GroupMember.join(group, "b", floor=1 << 20, ceiling=8 << 20, guarantee=4 << 20)
+    try:
+        a.request(7 << 20)  # a borrows b's idle share
+        b.request(4 << 20)  # b claims its guarantee: a owes it back
+        cap = {m.name: m.effective_limit_bytes for m in read_snapshot(group).members}
+        assert cap["a"] < 8 << 20
+        now = time.time()
+        for name in ("a", "b"):
+            dump = tmp_path / "dumps" / name
+            dump.mkdir(parents=True)
+            write_stats(
+                dump,
+                make_stats(
+                    engine=f"engine-{name}", time=now, limit_bytes=8 << 20,
+                    group=str(group), group_member=name,
+                ),
+            )  # fmt: skip
+        res = CliRunner().invoke(
+            app,
+            ["top", str(tmp_path / "dumps"), "--once"],
+            env={"NO_COLOR": "1", "COLUMNS": "100"},
+        )
+        assert res.exit_code == 0, res.output
+        lines = res.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 100, res.stdout
+        header = next(line for line in lines if line.startswith("engine"))
+        at = header.index("limit") + len("limit")  # the column is right-aligned
+        rows = {line.split()[0]: line for line in lines if " running " in line}
+        shown = {name: rows[f"engine-{name}"][:at].split()[-2:] for name in ("a", "b")}
+        want = {n: elastic_cmd.short_bytes(min(8 << 20, cap[n])).split() for n in ("a", "b")}
+        want = {n: [v[0], v[1] + ("*" if cap[n] < 8 << 20 else "")] for n, v in want.items()}
+        assert shown == want, res.stdout
+        assert (
+            f"engine-a rank 0: limit* in force {elastic_cmd.short_bytes(cap['a'])}, its "
+            "group's cap (its own limit 8.00 MiB)" in res.stdout
+        )
+        (row_a, row_b) = json.loads(run("top", str(tmp_path / "dumps"), "--json").stdout)
+        assert row_a["limit_bytes"] == 8 << 20  # the engine's own, as its stats file says
+        assert row_a["limit_in_force_bytes"] == cap["a"]
+        assert row_b["limit_in_force_bytes"] == min(8 << 20, cap["b"])
+    finally:
+        a.leave()
+        b.leave()

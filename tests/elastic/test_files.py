@@ -257,6 +257,7 @@ def test_files_of_older_writers_read_with_defaults(tmp_path: Path) -> None:
         "pid_namespace",
         "floor_bytes",
         "asked_limit_bytes",
+        "over_limit_preemptions",
         "plan_fingerprint",
         "mapped_runs",
         "mapped_runs_unit",
@@ -271,6 +272,7 @@ def test_files_of_older_writers_read_with_defaults(tmp_path: Path) -> None:
         None,
         None,
     )
+    assert got.over_limit_preemptions is None
     assert got.mapped_runs_unit == 1
 
 
@@ -330,6 +332,7 @@ def test_the_largest_valid_snapshot_fits_the_reader(tmp_path: Path) -> None:
         plan_fingerprint="f" * 128,
         floor_bytes=2**63 - 1,
         asked_limit_bytes=2**63 - 1,
+        over_limit_preemptions=2**63 - 1,
         mapped_runs=runs,
     )
     path = write_stats(tmp_path, stats)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -190,14 +191,20 @@ def test_a_missing_or_wrong_directory_is_unreachable(tmp_path: Path) -> None:
     for where in (tmp_path / "nope", tmp_path / "file"):
         if where.name == "file":
             where.write_text("x")
-        for call in (
+        calls = [
             lambda w=where: GroupMember.join(w, "a", floor=0, ceiling=1, budget=1),
             lambda w=where: read_snapshot(w),
-            lambda w=where: set_budget(w, 1, create=True),
-        ):
+            lambda w=where: set_budget(w, 1),
+        ]
+        if where.name == "file":
+            calls.append(lambda w=where: set_budget(w, 1, create=True))
+        for call in calls:
             with pytest.raises(KVPlanError) as caught:
                 call()
             assert code_of(caught) == "KVP540"
+    # a budget with create makes a missing directory, 0700 (the group files' own mode)
+    set_budget(tmp_path / "nope", 1, create=True)
+    assert stat.S_IMODE(os.stat(tmp_path / "nope").st_mode) == 0o700
     with pytest.raises(KVPlanError) as caught:
         read_snapshot(tmp_path)  # a directory that no engine has joined
     assert code_of(caught) == "KVP540" and "not a kvplan group" in str(caught.value)
@@ -337,8 +344,12 @@ def test_a_tampered_lease_is_coded_not_taken_for_dead(gdir: Path, kind: str) -> 
     with pytest.raises(KVPlanError) as caught:
         a.request(BUDGET)  # the member itself: its lease is not the file it locked
     assert code_of(caught) == "KVP545"
-    path.unlink()  # the operator removes it: the member is then dead and reaped
+    path.unlink()  # the operator removes it: the member's process runs, so it is not reaped
     c = join(gdir, "c")
+    assert not c.request(BUDGET)  # a keeps its 8 MiB
+    a.tick(force=True)  # a makes a new lease file and goes on
+    assert a.lease_path.is_file()
+    a.leave()
     assert c.request(BUDGET)
     c.leave()
 
@@ -370,6 +381,38 @@ def test_a_member_removed_from_the_ledger_learns_it_and_must_not_map(gdir: Path)
     with pytest.raises(KVPlanError) as caught:
         a.request(BUDGET)
     assert code_of(caught) == "KVP545"
+
+
+def _replace(path: Path) -> None:
+    """A new file in place of ``path`` (atomically: a new inode at the same name)."""
+    other = path.with_name(path.name + ".new")
+    other.write_text("")
+    os.replace(other, path)
+
+
+def test_a_replaced_lease_is_seen_at_the_next_look_with_the_ledger_unchanged(gdir: Path) -> None:
+    """The ledger says nothing changed, but the lease file is not the one the member locked:
+    its tick and its check (what a failed engine retries) both say ``KVP545`` -- a look that
+    only read the ledger would say the group can be reached, and the engine would flap."""
+    a = join(gdir, "a")
+    assert a.request(MiB)
+    a.tick(force=True)
+    assert not a.changed()
+    _replace(a.lease_path)
+    for look in (lambda: a.tick(force=True), a.check):
+        with pytest.raises(KVPlanError) as caught:
+            look()
+        assert code_of(caught) == "KVP545"
+
+
+def test_a_removed_lease_is_made_again_at_the_next_look(gdir: Path) -> None:
+    a = join(gdir, "a")
+    assert a.request(MiB)
+    a.lease_path.unlink()
+    a.tick(force=True)
+    assert a.lease_path.is_file()
+    a.check()
+    assert {m.name: m.liveness for m in read_snapshot(gdir).members}["a"] == "alive"
 
 
 def test_the_group_and_the_index_need_neither_torch_nor_vllm() -> None:

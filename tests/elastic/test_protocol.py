@@ -207,7 +207,16 @@ def test_debug_skip_map_leaves_one_block_unbacked() -> None:
     worker = _worker(ElasticSettings(skip_map=1))
     with worker.cache:
         worker.apply(_ops(worker, map=(1, 2, 3)))
+        assert worker.cache.mapped_blocks == {0, 2, 3}  # the first: what vLLM uses first
+
+
+def test_debug_skip_map_counts_an_idle_engines_map_ahead_too() -> None:
+    worker = _worker(ElasticSettings(skip_map=2, fail_map=2))
+    with worker.cache:
+        worker.apply(_ops(worker, map=(1, 2)), between_steps=True)  # ahead: never injected
         assert worker.cache.mapped_blocks == {0, 1, 2}
+        worker.apply(_ops(worker, seq=2, map=(3, 4)))  # map 2 of any kind, a step's first
+        assert worker.cache.mapped_blocks == {0, 1, 2, 4}
 
 
 @pytest.mark.parametrize(
@@ -436,3 +445,34 @@ def test_a_workers_snapshot_says_what_is_mapped_and_which_limit_holds() -> None:
         assert {pool: sum(n for _, n in runs) for pool, runs in after.mapped_runs.items()} == {
             pool: len(ids) for pool, ids in chunks.items() if ids
         }
+
+
+def test_over_limit_preemptions_reach_the_snapshot_and_metrics(tmp_path: Any) -> None:
+    """The scheduler's count of requests it preempted to get under the limit rides on the
+    step's ops (a new count alone sends them), the worker's snapshot reports it, and
+    ``/metrics`` shows it as a counter."""
+    from dataclasses import replace
+
+    from kvplan.elastic.files import write_stats
+    from kvplan.integrations.vllm.metrics import EngineSource, Reader
+    from tests.integrations.vllm.metrics._helpers import only, scrape
+
+    _, side, _ = _side()
+    first = side.ops()
+    assert first is not None and first.over_limit_preemptions == 0
+    assert side.ops() is None
+    side.preempted += 3  # what before_schedule adds from preempt_over_limit
+    ops = side.ops()
+    assert ops is not None and ops.over_limit_preemptions == 3 and ops.map == ops.unmap == ()
+    assert pickle.loads(pickle.dumps(ops)) == ops
+    worker = _worker()
+    with worker.cache:
+        assert worker.snapshot().over_limit_preemptions == 0  # none before the first step
+        worker.apply(replace(ops, digest=worker.digest))
+        snap = worker.snapshot()
+    assert snap.over_limit_preemptions == 3
+    write_stats(tmp_path, snap)
+    reader = Reader()
+    reader.add(EngineSource("tiny", "0", tmp_path))
+    found = scrape(reader)
+    assert only(found, "kvplan_kv_over_limit_preemptions_total", rank="0") == 3

@@ -47,7 +47,10 @@ import driver  # the engine tests' weight re-draw and preemption counter
 REPLAY_KV_BYTES = 16 << 20
 """The KV size a replay engine is told (its block count is the served engine's)."""
 POLL_SECONDS = 0.002
-"""How long the idle loop sleeps between looks at the clock and the control folder."""
+"""How long the idle loop sleeps between looks at the clock while a phase's requests are due."""
+IDLE_POLL_SECONDS = 0.02
+"""How long it sleeps while no opened phase has a request left to add (engines waiting for
+their next phase cost the machine next to nothing)."""
 
 
 class Recorder:
@@ -64,7 +67,12 @@ class Recorder:
         """Elastic mode: every change of what the worker maps, ``[t0, t1, before, after]``
         (unix seconds around the worker's unmap+map of a step, bytes before and after)."""
         self.preempted: list[str] = []
+        self.forced: list[str] = []
+        """Requests preempted in this step before vLLM took any count: kvplan's own
+        preemptions (blocks in use above the effective limit), which the replay repeats."""
         self.replay: list[list[int]] | None = None
+        self.replay_forced: list[list[str]] = []
+        """Replay: the served run's :attr:`forced` preemptions, per step."""
         """Replay: the free-block counts to reproduce, per step."""
         self.ballast: list[Any] = []
         self.mismatches: list[str] = []
@@ -94,6 +102,9 @@ class Recorder:
         def recorded_schedule(*args: Any, **kwargs: Any) -> Any:
             recorder.in_schedule = True
             recorder.counts, recorder.free, recorder.preempted = [], [], []
+            recorder.forced = []
+            if recorder.replay is not None:
+                recorder.force_preemptions(scheduler)
             t0 = time.perf_counter()
             try:
                 out = schedule(*args, **kwargs)
@@ -104,6 +115,8 @@ class Recorder:
 
         def recorded_preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
             recorder.preempted.append(request.request_id)
+            if recorder.in_schedule and not recorder.counts:
+                recorder.forced.append(external(request.request_id))
             return preempt(request, *args, **kwargs)
 
         scheduler.schedule = recorded_schedule
@@ -133,6 +146,19 @@ class Recorder:
         side = getattr(pool, "_kvplan", None)
         self.side = side
 
+    def force_preemptions(self, scheduler: Any) -> None:
+        """Replay: preempt what kvplan preempted before this step was scheduled when served
+        (the same requests, in the same order), as kvplan does it."""
+        wanted = self.replay_forced[self.step] if self.step < len(self.replay_forced) else []
+        for rid in wanted:
+            found = [r for r in scheduler.running if external(r.request_id) == rid]
+            if not found:
+                self.mismatches.append(f"step {self.step}: {rid} is not running to preempt")
+                continue
+            scheduler.running.remove(found[0])
+            scheduler._preempt_request(found[0], time.monotonic())
+            scheduler.prev_step_scheduled_req_ids.discard(found[0].request_id)
+
     def reproduce(self, pool: Any, count: Any, get_new_blocks: Any) -> None:
         assert self.replay is not None
         index = len(self.counts)
@@ -156,6 +182,7 @@ class Recorder:
             "schedule_s": round(seconds, 6),
             "scheduled": {external(k): int(v) for k, v in sorted(out.num_scheduled_tokens.items())},
             "preempted": [external(r) for r in self.preempted],
+            "forced": list(self.forced),
             "counts": list(self.counts),
             "free": list(self.free),
         }
@@ -173,6 +200,8 @@ class Recorder:
             if group is not None:
                 entry["granted"] = int(group.granted)
                 entry["group_limit"] = int(group.effective_limit)
+                entry["asked"] = int(getattr(side, "asked", 0))  # older kvplan: no asks
+                entry["claim"] = int(group.claim)
         self.steps.append(entry)
 
 
@@ -187,10 +216,10 @@ def _install() -> None:
 
     apply = _worker.WorkerSide.apply
 
-    def logged_apply(side: Any, ops: Any) -> None:
+    def logged_apply(side: Any, ops: Any, **kwargs: Any) -> None:
         before, t0 = int(side.cache.mapped_bytes), time.time()
         try:
-            apply(side, ops)
+            apply(side, ops, **kwargs)
         finally:
             after = int(side.cache.mapped_bytes)
             if after != before:
@@ -206,10 +235,13 @@ def external(request_id: str) -> str:
 
 
 def build(job: dict[str, Any]) -> tuple[Any, Any]:
-    """The engine (``LLMEngine``) and its scheduler."""
+    """The engine (``LLMEngine``) and its scheduler (``None`` when the engine core runs in a
+    process of its own, ``"multiprocess"``)."""
     from vllm import LLM
 
     llm = LLM(model=job["model"], **job["engine"])
+    if job.get("multiprocess"):
+        return llm, None
     core = llm.llm_engine.engine_core.engine_core
     return llm, core.scheduler
 
@@ -262,13 +294,18 @@ def serve(
     """Serve the job's requests as their phases open (see the module doc); ``flush(state)``
     after each phase is done (a process killed later leaves the record up to there)."""
     engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
+    scheduler = None if job.get("multiprocess") else engine.engine_core.engine_core.scheduler
     name = job["name"]
     requests = Requests(job["requests"])
+    like_generate = bool(job.get("like_generate"))
 
     def busy() -> bool:
         """vLLM's engine core steps while its scheduler has requests: unfinished ones, or
-        finished ones not yet reported (that step carries the last unmaps)."""
+        finished ones not yet reported (that step carries the last unmaps). ``like_generate``
+        (and an engine core in a process of its own, which steps itself): only while
+        requests are unfinished, as ``LLM.generate`` steps an in-process engine."""
+        if like_generate or scheduler is None:
+            return bool(engine.has_unfinished_requests())
         return bool(engine.has_unfinished_requests() or scheduler.has_requests())
 
     phases: list[str] = list(dict.fromkeys(r["phase"] for r in job["requests"]))
@@ -325,8 +362,10 @@ def serve(
             for rid in requests.outputs(engine.step()):
                 waiting[requests.spec[rid]["phase"]].discard(rid)
             check_done()
+        elif pending and pending[0]["phase"] in starts:
+            time.sleep(POLL_SECONDS)  # the next request is due soon
         else:
-            time.sleep(POLL_SECONDS)
+            time.sleep(IDLE_POLL_SECONDS)  # no open phase: look at the control folder only
     check_done()
     if stopped:
         unfinished = [rid for rid, s in requests.state.items() if "finished" not in s]
@@ -346,6 +385,7 @@ def replay(
     for rid, state in served["requests"].items():
         arrivals.setdefault(int(state["arrival_step"]), []).append(rid)
     recorder.replay = [list(s["counts"]) for s in served["steps"]]
+    recorder.replay_forced = [list(s.get("forced", [])) for s in served["steps"]]
     steps = len(served["steps"])
     while recorder.step < steps:
         due = arrivals.pop(recorder.step, [])
@@ -377,12 +417,13 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
     if job.get("expect_refusal"):
         return refused(job, started)
     llm, scheduler = build(job)
-    recorder.watch(scheduler)
+    if scheduler is not None:
+        recorder.watch(scheduler)
     result: dict[str, Any] = {
         "name": job["name"],
         "pid": os.getpid(),
         "active": plugin.is_active(),
-        "num_blocks": blocks_of(scheduler),
+        "num_blocks": None if scheduler is None else blocks_of(scheduler),
         "started": started,
         "startup_s": time.time() - started,
         "redrawn_parameters": driver._REDRAWN.pop() if driver._REDRAWN else 0,
@@ -430,13 +471,50 @@ def refused(job: dict[str, Any], started: float) -> dict[str, Any]:
     return result
 
 
-def run_replay(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+def vanilla_here() -> None:
+    """From here on this process runs vanilla vLLM (kvplan's plugin off)."""
     from kvplan.integrations.vllm import plugin
 
     for key in [k for k in os.environ if k.startswith("KVPLAN_")]:
         del os.environ[key]
     plugin.unregister()
     plugin.register()  # KVPLAN_ENABLE is unset: vanilla vLLM
+
+
+def run_reference(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    """Vanilla vLLM given the served requests at once, in the order they were added, with the
+    served engine's arguments: their tokens. Comparable where the served engine's batches did
+    not depend on its memory: one request at a time (``max_num_seqs`` 1), or a burst that
+    arrived at once and was admitted whole (the test checks which)."""
+    from kvplan.integrations.vllm import plugin
+
+    vanilla_here()
+    engine_args = {**job["engine"], "kv_cache_memory_bytes": REPLAY_KV_BYTES}
+    llm, _ = build({**job, "engine": engine_args})
+    spec = {r["id"]: r for r in job["requests"]}
+    order = sorted(served["requests"], key=lambda rid: served["requests"][rid]["order"])
+    outs = llm.generate(
+        [prompt_of(spec[rid]["prompt"]) for rid in order],
+        [params(int(spec[rid]["max_tokens"])) for rid in order],
+        use_tqdm=False,
+    )
+    result = {
+        "active": plugin.is_active(),
+        "requests": {
+            rid: {"tokens": list(o.outputs[0].token_ids)}
+            for rid, o in zip(order, outs, strict=True)
+        },
+    }
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return result
+
+
+def run_replay(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    from kvplan.integrations.vllm import plugin
+
+    vanilla_here()
     recorder = Recorder()
     recorder.install()
     engine_args = {**job["engine"], "num_gpu_blocks_override": int(served["num_blocks"])}
@@ -463,8 +541,9 @@ def run_replay(job: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     job_path, result_path = Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text())
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    driver.install_redraw(int(job.get("seed", 0)), float(job.get("gain", 1.0)))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if job.get("multiprocess") else "0"
+    if job.get("redraw", True):  # a checkpoint with real weights is loaded as it is
+        driver.install_redraw(int(job.get("seed", 0)), float(job.get("gain", 1.0)))
     driver.count_preemptions()
     control = Path(job["control"])
 
@@ -481,6 +560,8 @@ def main(argv: list[str]) -> int:
     write({"serve": served})
     if job.get("then") == "replay":
         write({"serve": served, "replay": run_replay(job, served)})
+    elif job.get("then") == "reference":
+        write({"serve": served, "reference": run_reference(job, served)})
     return 0
 
 

@@ -198,10 +198,12 @@ def start_engine(
     expect_refusal: bool = False,
     seed: int = 1234,
     gain: float = 2.0,
+    **options: Any,
 ) -> Engine:
     """Start one engine process (it serves ``requests`` as the phases open; ``linger``: then
     it idles until ``CONTROL/end`` appears; ``expect_refusal``: it records why it could not
-    start)."""
+    start). ``options``: more of the driver's job keys (``multiprocess``, ``like_generate``,
+    ``redraw``, ``then``; see ``_coloc_driver.py``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     control.mkdir(parents=True, exist_ok=True)
     job = {
@@ -216,6 +218,7 @@ def start_engine(
         "then": "replay" if then_replay else None,
         "linger": linger,
         "expect_refusal": expect_refusal,
+        **options,
     }
     return _launch(python, name, job, workdir, control, env)
 

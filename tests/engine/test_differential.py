@@ -19,7 +19,9 @@ not yet fixed) must keep failing with the reported error; everything else must p
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,6 +32,20 @@ from tests.engine.conftest import EnginePython
 from tests.engine.harness import ENGINE_ENV, ROOT
 
 SUITE = "tests/integrations/vllm/capture/test_differential.py"
+
+
+def _without_xdist() -> str:
+    """pyproject's pytest ``addopts`` without pytest-xdist's ``-n N`` (an engine venv has
+    pytest, not xdist), as an ``-o`` override."""
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    words = shlex.split(options["ini_options"]["addopts"])
+    if "-n" in words:
+        at = words.index("-n")
+        del words[at : at + 2]
+    return "addopts=" + shlex.join(words)
+
+
+NO_XDIST = _without_xdist()
 RELEASES = list(RELEASE_CASES)
 
 
@@ -70,6 +86,7 @@ def test_differential_suite_passes_on_each_release(
         [
             str(engine_python_of(release)), "-m", "pytest", SUITE, "-q",
             "-p", "no:cacheprovider", f"--junitxml={report}", "-k", keep,
+            "-o", NO_XDIST,
         ],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip

@@ -11,6 +11,7 @@ bind in the worker process (its dumps), and in elastic mode map and give back me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,3 +84,38 @@ def test_the_worker_is_another_process_and_binds_there(mp_run: Callable[[], Engi
     assert stats["num_blocks"] == NUM_BLOCKS
     assert stats["maps"] > 0 and stats["failed_maps"] == 0
     assert 4 * block_bytes(1) <= stats["peak_mapped_bytes"] <= stats["reserved_bytes"] // 4
+
+
+def test_a_refused_engine_core_shows_kvplans_paragraph_once_before_vllms_traceback(
+    engine_python: Path, tmp_path: Path
+) -> None:
+    """The engine core (a process of vLLM's own) refuses a limit below the floor (``KVP533``):
+    vLLM prints ``EngineCore failed to start`` with its traceback and the front end fails with
+    ``Engine core initialization failed``; kvplan's paragraphs come first, once, as a block of
+    their own (``pipeline.announce``), before any traceback and any other error line."""
+    from kvplan.integrations.vllm.pipeline.announce import HEADING, RULE
+    from tests.engine._models import write_model
+
+    refused = Variant(
+        "too-small",
+        kvplan_env("host-vmm", "elastic", tmp_path / "dump", KVPLAN_MEMORY_LIMIT="4096"),
+        expect_refusal=True,
+    )
+    model = write_model("llama", tmp_path / "model")
+    run = run_mp(engine_python, model, [refused], tmp_path, engine={"load_format": "dummy"})
+    result = run.variants["too-small"]
+    assert result["refused"], result
+    assert "Engine core initialization failed" in result["error"], result["error"]
+    lines = run.log.splitlines()
+    headings = [i for i, line in enumerate(lines) if HEADING in line]
+    assert len(headings) == 1, run.log[-4000:]
+    at = headings[0]
+    tracebacks = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    assert tracebacks and at < tracebacks[0], run.log[-4000:]  # vLLM's tracebacks still follow
+    errors = [i for i, line in enumerate(lines) if " ERROR " in line or line.startswith("ERROR")]
+    assert errors[0] == at, lines[errors[0]]  # the first error line of the output is kvplan's
+    # vLLM's log format prefixes every line of the block: "(EngineCore pid=N) ERROR ... [f:n] "
+    block = [re.sub(r"^.*? \[[\w.]+:\d+\] ", "", line) for line in lines[at : at + 5]]
+    assert block[0] == HEADING and block[1] == RULE and block[4] == RULE, block
+    assert block[2].startswith("KVP501 error at kvplan.integrations.vllm.plugin: kvplan refused")
+    assert block[3].startswith("KVP533 error at KVPLAN_MEMORY_LIMIT"), block

@@ -43,31 +43,24 @@ import pytest
 
 from kvplan.elastic.files import ElasticStats, read_stats
 from tests.engine._models import BLOCK_SIZE
-from tests.engine._server import MODEL_NAME, ClientRun, Server, run_client, start_server
+from tests.engine._server import (
+    BLOCK_BYTES,
+    MODEL_NAME,
+    NUM_BLOCKS,
+    RESERVED,
+    SERVER_OPTIONS,
+    ClientRun,
+    Server,
+    run_client,
+    start_server,
+)
 from tests.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
 from tests.engine.harness import kvplan_env
 
 HERE = Path(__file__).resolve().parent
-BLOCK_BYTES = 128 << 10
-"""One block of the tiny llama in float32: 4 layers x K,V x 2 heads x 64 x 32 tokens x 4 B."""
-NUM_BLOCKS = 256
-RESERVED = NUM_BLOCKS * BLOCK_BYTES
 NEW_LIMIT = "12MiB"
 NEW_LIMIT_BYTES = 12 << 20
-OPTIONS: dict[str, Any] = {
-    "skip_tokenizer_init": True,
-    "load_format": "safetensors",
-    "dtype": "float32",
-    "enforce_eager": True,
-    "block_size": BLOCK_SIZE,
-    "max_model_len": 1024,
-    "max_num_seqs": 4,
-    "enable_prefix_caching": True,
-    "seed": 0,
-    "kv_cache_memory_bytes": RESERVED,
-    "num_gpu_blocks_override": NUM_BLOCKS,
-}
-"""Server flags (the rest is vLLM's default). 256 blocks: every pool a multiple of 2 MiB."""
+OPTIONS = SERVER_OPTIONS
 
 PREFIX_TOKENS = 2 * BLOCK_SIZE
 FAMILIES, MEMBERS = 4, 3

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +47,32 @@ def gemma_dump(directory: Path, **changes: Any) -> ElasticStats:
     stats = make_stats(**values)
     write_stats(directory, stats)
     return stats
+
+
+GROUP_BUDGET = 8 << 20
+GUARANTEE = 4 << 20
+
+
+@contextmanager
+def group_of_two(root: Path) -> Iterator[tuple[Path, Path]]:
+    """A group (8 MiB budget) of two live members guaranteed 4 MiB each — ``llama`` borrowing
+    3 MiB of ``gemma``'s share, ``gemma`` claiming 3 MiB of it back — and a dump directory per
+    member (the gemma-4-E2B snapshot, naming its group): (group directory, dumps root)."""
+    from kvplan.elastic.group import GroupMember, set_budget
+
+    group, dumps = root / "group", root / "dumps"
+    group.mkdir(parents=True)
+    set_budget(group, GROUP_BUDGET, create=True)
+    members = [
+        GroupMember.join(group, name, floor=1 << 20, ceiling=GROUP_BUDGET, guarantee=GUARANTEE)
+        for name in ("llama", "gemma")
+    ]
+    try:
+        members[0].request(7 << 20)  # llama borrows gemma's idle share
+        members[1].request(4 << 20)  # gemma asks for its guarantee: 1 MiB free, claims 3 MiB
+        for name in ("llama", "gemma"):
+            gemma_dump(dumps / name, engine=name, group=str(group), group_member=name)
+        yield group, dumps
+    finally:
+        for member in members:
+            member.leave()

@@ -5,6 +5,7 @@ spills out of its shape."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -228,3 +229,62 @@ def test_a_layer_keeps_its_colour_across_a_diff(chromium: str, tmp_path: Path) -
     a, b = sides
     assert len(a) == 15 and a == b
     assert len(set(a.values())) == 5  # five groups, five styles
+
+
+def test_top_html_draws_the_group_budget_by_member(chromium: str, tmp_path: Path) -> None:
+    """A group of two engines: llama borrows 3 MiB of gemma's guarantee, gemma claims it.
+    Laid out in Chromium, the group's bars (one scale: the 8 MiB budget) show each member's
+    guarantee as half the budget, llama's grant as its guarantee plus a pale borrowed part in
+    llama's colour, gemma's 1 MiB grant, and gemma's 3 MiB claim; every label inside its bar."""
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+    from tests.render._elastic import group_of_two
+
+    with group_of_two(tmp_path) as (group, dumps):
+        out = tmp_path / "top.html"
+        res = CliRunner().invoke(
+            app, ["top", str(dumps), "--html", str(out)], env={"NO_COLOR": "1"}
+        )
+        assert res.exit_code == 0, res.output
+    png = tmp_path / "top.png"
+    screenshot(chromium, out, png, (1320, 900))
+    assert drawn_rows(png) > 0.2
+    got = measure(chromium, out.read_text(), tmp_path)
+    (svg,) = [s for s in got["svgs"] if s["label"].startswith(f"group {group}:")]
+    rows = [r for r in svg["rects"] if r["cls"] == "gfree"]
+    assert len(rows) == 3  # guaranteed, granted, claimed
+    left, right = rows[0]["box"][0], rows[0]["box"][2]
+    mib = (right - left) / 8
+
+    def of(cls: str, who: str) -> list[dict[str, Any]]:
+        return [r for r in svg["rects"] if r["cls"] == cls and r["title"].startswith(f"{who} ")]
+
+    def width(rect: dict[str, Any]) -> float:
+        return float(rect["box"][2] - rect["box"][0])
+
+    (g_llama,), (g_gemma,) = of("guarantee", "llama"), of("guarantee", "gemma")
+    assert abs(width(g_llama) - 4 * mib) <= 1.5 and abs(width(g_gemma) - 4 * mib) <= 1.5
+    (mine,), (borrowed,) = of("granted", "llama"), of("granted borrowed", "llama")
+    assert abs(width(mine) - 4 * mib) <= 1.5 and abs(width(borrowed) - 3 * mib) <= 1.5
+    assert borrowed["fill"] == g_llama["fill"] != g_gemma["fill"]  # the borrower's colour
+    (gemma_grant,) = of("granted", "gemma")
+    assert abs(width(gemma_grant) - mib) <= 1.5
+    for row in (
+        [g_llama, g_gemma],
+        [mine, borrowed, gemma_grant],
+    ):  # each row stacked from 0, member after member: 8 MiB, the budget, is full
+        boxes = sorted(r["box"] for r in row)
+        assert abs(boxes[0][0] - left) <= 1 and abs(boxes[-1][2] - right) <= 1.5
+        assert all(abs(a[2] - b[0]) <= 1 for a, b in itertools.pairwise(boxes))
+    assert abs(mine["box"][2] - borrowed["box"][0]) <= 1  # the borrowed part follows its own
+    (claim,) = of("claim", "gemma")
+    assert abs(width(claim) - 3 * mib) <= 1.5
+    assert not of("claim", "llama") and not of("granted borrowed", "gemma")
+    labels = [t for t in svg["texts"] if t["cls"] == "lbl"]
+    assert {t["text"] for t in labels} >= {"llama", "gemma"}
+    bars = [r["box"] for r in svg["rects"] if r["cls"] != "gfree"]
+    for text in labels:  # every name sits inside a bar of its own
+        x0, y0, x1, y1 = text["box"]
+        assert any(b[0] <= x0 + 0.5 and x1 <= b[2] + 0.5 and b[1] <= y0 + 2 and y1 <= b[3] + 2
+                   for b in bars), text  # fmt: skip

@@ -155,3 +155,36 @@ def test_top_html_leaves_the_previous_page_when_it_cannot_write(tmp_path: Path) 
     assert res.exit_code == 2 and res.stderr.startswith("KVP016")
     assert read_stats_tree(tmp_path)  # the stats are untouched
     _ = time
+
+
+def test_the_group_is_drawn_above_its_engines(tmp_path: Path) -> None:
+    """``top --html`` of a group of two: the group's budget by member (guarantees, grants with
+    the borrowed part, claims) above the engines' sections, every figure in its table."""
+    from kvplan.elastic.group import read_snapshot
+    from tests.render._elastic import GROUP_BUDGET, group_of_two
+
+    with group_of_two(tmp_path) as (group, dumps):
+        snap = read_snapshot(group)
+        out = tmp_path / "top.html"
+        res = CliRunner().invoke(app, ["top", str(dumps), "--html", str(out)], env=ENV)
+        assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert EXTERNAL.findall(page) == []
+    heading = page.index(f"<h2>group {group} · 2 member(s)</h2>")
+    assert heading < page.index("<h2>gemma · rank 0") and heading < page.index("<h2>llama · rank 0")
+    assert f'aria-label="group {group}: budget, guarantees, grants and claims by member"' in page
+    members = {m.name: m for m in snap.members}
+    llama, gemma = members["llama"], members["gemma"]
+    assert llama.borrowed_bytes == 3 << 20 and gemma.claim_bytes == 3 << 20
+    assert "llama (alive, x1): borrowed (granted above its guarantee): 3.00 MiB" in page
+    assert "gemma (alive, x1): claims 3.00 MiB (3,145,728 B) below its guarantee" in page
+    for m in (llama, gemma):
+        assert f"{m.name} (alive, x1): guarantee 4.00 MiB (4,194,304 B)" in page
+    assert f"budget: 8.00 MiB ({GROUP_BUDGET:,} B)" in page
+    assert "group budget 8.00 MiB" in page
+
+
+def test_a_closed_engines_picture_says_what_it_is(tmp_path: Path) -> None:
+    page = elastic_page([_view(tmp_path, state="closed", mapped_runs=None)])
+    assert "This is the engine's closing snapshot" in page
+    assert "older kvplan" not in page

@@ -66,17 +66,34 @@ def member_view(group: GroupSnapshot, name: str) -> dict[str, Any] | None:
     return None
 
 
+def group_caps(
+    members: list[tuple[Path, str | None, str | None]], groups: list[GroupSnapshot]
+) -> dict[Path, int]:
+    """The group's cap on each engine that is a member: ``members`` is (stats path, the stats'
+    ``group``, ``group_member``); the cap is the member's effective limit in its group's
+    snapshot (what it must get under: its guarantee plus what it may borrow now)."""
+    by_dir = {g.directory: g for g in groups}
+    caps: dict[Path, int] = {}
+    for path, directory, name in members:
+        group = by_dir.get(str(Path(directory))) if directory else None
+        view = member_view(group, name or "") if group is not None else None
+        if view is not None:
+            caps[path] = int(view["effective_limit_bytes"])
+    return caps
+
+
 def _b(n: int) -> str:
     return human_bytes(n)
 
 
 def group_table(group: GroupSnapshot, width: int) -> Table:
     """The group's figures and one line per member, within ``width`` columns."""
-    title = (
-        f"group {printable(group.directory, 60)}: budget {_b(group.budget_bytes)}, granted "
-        f"{_b(group.granted_bytes)}, free {_b(group.free_bytes)}, guaranteed "
-        f"{_b(group.guaranteed_bytes)}, borrowed {_b(group.borrowed_bytes)}, claimed "
-        f"{_b(group.claimed_bytes)}"
+    title = (  # three lines, each within 80 columns
+        f"group {printable(group.directory, max(20, min(width, 100) - 6))}\n"
+        f"  budget {_b(group.budget_bytes)}, granted {_b(group.granted_bytes)}, free "
+        f"{_b(group.free_bytes)}\n"
+        f"  guaranteed {_b(group.guaranteed_bytes)}, borrowed {_b(group.borrowed_bytes)}, "
+        f"claimed {_b(group.claimed_bytes)}"
     )
     table = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
     columns = ["member", "state", "guarantee", "granted", "borrowed", "claim", "limit", "x"]

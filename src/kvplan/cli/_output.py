@@ -36,14 +36,49 @@ PIPE_WIDTH = 200
 """Table width when stdout is not a terminal and ``COLUMNS`` is unset (files, pipes, CI logs)."""
 
 
+EXIT_PIPE = 128 + 13
+"""The reader of stdout went away (``kvplan top | head``): the process ends as ``git log |
+head`` does, killed by ``SIGPIPE`` (the shell's status 141), nothing on stderr."""
+
+
+class PipeClosed(KVPlanError):
+    """Standard output is a pipe whose reader closed it (``EPIPE``): normal use, not an error
+    to report (:func:`guarded` ends the command quietly)."""
+
+
+def _command_options() -> set[str]:
+    """Every option name of the command running now (none outside a command)."""
+    import importlib
+
+    # typer's own click (vendored since typer 0.24) or click: the package typer.Context is from
+    package = typer.Context.__mro__[1].__module__.rsplit(".", 1)[0]
+    ctx = importlib.import_module(f"{package}.globals").get_current_context(silent=True)
+    if ctx is None:
+        return set()
+    return {
+        name
+        for param in ctx.command.params
+        if param.param_type_name == "option"
+        for name in (*param.opts, *param.secondary_opts)
+    }
+
+
+def stdout_hint() -> str:
+    """The fix for a stdout that cannot be written: ``-o`` only for a command that has it."""
+    if "-o" in _command_options():
+        return "write to a file with -o, or keep the reading end of the pipe open"
+    return "redirect the output to a file with space left, or keep the reading end of the pipe open"
+
+
 def _stdout_failed(exc: OSError) -> KVPlanError:
     reason = exc.strerror or type(exc).__name__
-    return KVPlanError(
+    kind = PipeClosed if exc.errno == errno.EPIPE else KVPlanError
+    return kind(
         error(
             Code.STDOUT_FAILED,
             "stdout",
             f"cannot write to standard output: {reason}.",
-            "write to a file with -o, or keep the reading end of the pipe open",
+            stdout_hint(),
         )
     )
 
@@ -224,6 +259,9 @@ def guarded(command: _F) -> _F:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except PipeClosed:
+            _silence_stdout()
+            raise typer.Exit(EXIT_PIPE) from None
         except KVPlanError as exc:
             if exc.code is Code.STDOUT_FAILED:
                 _silence_stdout()
@@ -231,6 +269,8 @@ def guarded(command: _F) -> _F:
         except OSError as exc:
             if exc.filename is None:
                 _silence_stdout()
+                if exc.errno == errno.EPIPE:
+                    raise typer.Exit(EXIT_PIPE) from None
                 fail(_stdout_failed(exc))
             reason = exc.strerror or type(exc).__name__
             fail([error(Code.UNREADABLE, str(exc.filename), f"{reason}.", "check the path")])

@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan.cli._output import cell
-from kvplan.schemas.plan import BindingPlan
+from kvplan.planner.names import LayerNames, dims, short_kind
+from kvplan.schemas.plan import BindingPlan, View
 from kvplan.units import human_bytes
 
 _T = TypeVar("_T")
@@ -45,4 +46,26 @@ def pools_table(plan: BindingPlan) -> Table:
             cell(pool.alignment_bytes),
             cell(f"{pool.num_blocks:,}"),
         )
+    return table
+
+
+def views_table(views: Sequence[View], names: LayerNames, *, kinds: bool) -> Table:
+    """One row per view, one line each: group, layer (short), kind (short; with ``kinds``),
+    dtype, shape, stride, byte offset. Ordered by group, then offset; at most
+    :data:`MAX_TABLE_ROWS` rows (the rest counted in the caption). The same table in
+    ``kvplan show`` and ``kvplan inspect``."""
+    ordered = sorted(views, key=lambda v: (v.group, v.offset_bytes))
+    rows, more = shown_rows(ordered)
+    table = Table(title=cell(f"views by group{names.legend}"), caption=more)
+    columns = ["group", "layer", *(["kind"] if kinds else []), "dtype", "shape", "stride", "offset"]
+    for column in columns:
+        table.add_column(
+            column, justify="right" if column in ("group", "offset") else "left", no_wrap=True
+        )
+    for view in rows:
+        values: list[object] = [view.group, names.short(view.layer)]
+        if kinds:
+            values.append(short_kind(view.kind))
+        values += [view.dtype, dims(view.shape), dims(view.stride), view.offset_bytes]
+        table.add_row(*map(cell, values))
     return table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 import kvplan.cli.apply_cmd as apply_cmd
@@ -10,7 +12,7 @@ import kvplan.cli.doctor_cmd as doctor_cmd
 import kvplan.cli.elastic_cmd as elastic_cmd
 import kvplan.cli.golden_cmd as golden_cmd
 import kvplan.cli.inspect_cmd as inspect_cmd
-from kvplan.cli._output import EXIT_ERROR, guarded, report
+from kvplan.cli._output import EXIT_ERROR, EXIT_PIPE, guarded, report
 from kvplan.schemas.errors import Code, error
 
 app = typer.Typer(
@@ -21,6 +23,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from kvplan import __version__
+
+        typer.echo(f"kvplan {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="print kvplan's version and exit",
+        ),
+    ] = False,
+) -> None:
+    """Declarative, inspectable, testable KV-cache binding plans for vLLM."""
+
 
 for module in (doc_cmds, inspect_cmd, apply_cmd, golden_cmd, doctor_cmd, elastic_cmd):
     module.register(app)
@@ -41,6 +67,7 @@ _guard_all(app)
 
 def main() -> None:
     """Console entry point: usage errors, too, become one coded paragraph (``KVP406``)."""
+    import os
     import sys
 
     try:
@@ -67,4 +94,9 @@ def main() -> None:
         message = format_message() if callable(format_message) else str(exc)
         report([error(Code.USAGE, where, message, f"run `{where} --help`")])
         sys.exit(EXIT_ERROR)
+    if code == EXIT_PIPE:  # stdout's reader went away: end as a pipeline's writer does
+        import signal
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
     sys.exit(code if isinstance(code, int) else 0)

@@ -22,8 +22,9 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.cli._tables import pools_table, shown_rows
+from kvplan.cli._tables import pools_table, shown_rows, views_table
 from kvplan.planner import diff_plans, validate
+from kvplan.planner.names import LayerNames
 from kvplan.schemas.canonical import escape_json_text, to_data
 from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.loading import check_output, dump, dumps, load_any, write_text_atomic
@@ -38,7 +39,8 @@ class DiffFormat(StrEnum):
 
 
 def render_plan(plan: BindingPlan) -> None:
-    """Rich tables: pools, views by group, aliases, memory summary (stdout).
+    """Rich tables: pools, views by group, aliases, memory summary (stdout). Views print
+    as ``kvplan inspect`` prints them: one line each, layer names short under one legend.
 
     Every text from the document goes through :func:`cell`: never markup, never raw escapes.
     Each table prints at most ``MAX_TABLE_ROWS`` rows and counts the rest (``--json``: all).
@@ -52,34 +54,24 @@ def render_plan(plan: BindingPlan) -> None:
         )
     )
     console.print(pools_table(plan))
-    rows, more = shown_rows(sorted(plan.views, key=lambda v: v.group))
-    views = Table(title="views", caption=more)
-    for col in ("group", "layer", "kind", "dtype", "shape", "stride", "offset"):
-        views.add_column(col, justify="right" if col in ("group", "offset") else "left")
-    for v in rows:
-        views.add_row(
-            *(
-                cell(value)
-                for value in (v.group, v.layer, v.kind, v.dtype, v.shape, v.stride, v.offset_bytes)
-            )
-        )
-    console.print(views)
+    names = LayerNames(plan.layers)
+    console.print(views_table(plan.views, names, kinds=True))
     if plan.aliases:
         shown, more = shown_rows(plan.aliases)
-        aliases = Table(title="aliases (KV sharing)", caption=more)
-        aliases.add_column("layer")
-        aliases.add_column("reads the cache of")
+        aliases = Table(title=cell(f"aliases (KV sharing){names.legend}"), caption=more)
+        aliases.add_column("layer", no_wrap=True)
+        aliases.add_column("reads the cache of", no_wrap=True)
         for a in shown:
-            aliases.add_row(cell(a.layer), cell(a.target))
+            aliases.add_row(cell(names.short(a.layer)), cell(names.short(a.target)))
         console.print(aliases)
     s = plan.summary
-    console.print(
+    console.print(  # two lines: each fits 100 columns
         cell(
             f"{s.tensor_backed_layers} tensor-backed layers, {s.aliased_layers} aliased; "
-            f"{human_bytes(s.bytes_per_block)} per block; pools {human_bytes(s.pool_bytes)}; "
-            f"KV sharing saves {human_bytes(s.alias_saved_bytes)}"
+            f"{human_bytes(s.bytes_per_block)} per block; pools {human_bytes(s.pool_bytes)}"
         )
     )
+    console.print(cell(f"KV sharing saves {human_bytes(s.alias_saved_bytes)}"))
 
 
 def register(app: typer.Typer) -> None:

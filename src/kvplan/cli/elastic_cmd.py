@@ -9,7 +9,6 @@ dumping into DIR watch. Exit codes: 0 shown/written, 1 no stats files under DIR,
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from collections.abc import Callable
@@ -24,11 +23,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
-from kvplan.cli import _group_view
+from kvplan.cli import _group_view, _top_page
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
-    cell,
     guarded,
     print_json,
     report,
@@ -40,10 +38,9 @@ from kvplan.elastic.files import (
     read_stats_tree,
     write_limit,
 )
+from kvplan.elastic.group import is_group_directory
 from kvplan.elastic.status import EngineStatus, engine_status
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable, warning
-from kvplan.schemas.loading import write_text_atomic
-from kvplan.schemas.plan import BindingPlan
 from kvplan.units import human_bytes
 
 MAX_INTERVAL = 3600.0
@@ -87,7 +84,9 @@ def parse_limit_size(text: str, option: str, *, zero_ok: bool = False) -> int:
 
 
 def limit_command(
-    directory: Annotated[Path, typer.Argument(metavar="DIR", help="the engines' dump directory")],
+    directory_text: Annotated[
+        str, typer.Argument(metavar="DIR", help="the engines' dump directory")
+    ],
     size: Annotated[str, typer.Argument(metavar="SIZE", help="physical KV budget, e.g. 24GiB")],
     cache: Annotated[
         str | None,
@@ -114,12 +113,23 @@ def limit_command(
     ] = None,
 ) -> None:
     """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json),
-    or of a group of engines (--group DIR, or DIR a group directory).
+    or of a group of engines (--group DIR; without it, only a DIR that really is a group: a
+    group.lock and a valid ledger, not a marker file).
 
     Exit 0 written; 1 written, but below the floor of an engine dumping into DIR (that engine
     raises it to its floor); 2 an error (nothing written)."""
+    if not directory_text.strip():
+        raise KVPlanError(
+            error(
+                Code.DIRECTORY_MISSING,
+                "DIR",
+                "the directory is empty (an empty path would be the working directory).",
+                "name the directory: the engines' KVPLAN_DUMP_DIR, or the group's KVPLAN_GROUP",
+            )
+        )
+    directory = Path(directory_text)
     limit = parse_limit_size(size, "SIZE")
-    if group or member is not None or _group_view.is_group(directory):
+    if group or member is not None or is_group_directory(directory):
         _limit_group(directory, limit, member, cache, json_out)
         return
     cache_limit = parse_limit_size(cache, "--cache", zero_ok=True) if cache is not None else None
@@ -200,8 +210,8 @@ def _limit_group(
                 "drop --cache, or run kvplan limit on the member's dump directory",
             )
         )
-    if member is None and not directory.exists():  # a budget creates the group; a guarantee
-        directory.mkdir(parents=True)  # needs one (KVP540 from the group files, nothing made)
+    # the group files create what a budget may create (the directory 0700 included) and
+    # refuse the rest (a link, another user's directory); a guarantee creates nothing
     after, said = _group_view.change(directory, size, member)
     if json_out:
         print_json(after.model_dump(mode="json"))
@@ -323,10 +333,30 @@ def _text(value: Text | str) -> Text:
     return value if isinstance(value, Text) else Text(value)
 
 
-def _fit(rows: list[Row], width: int) -> tuple[list[Column], int, list[Column]]:
+Caps = dict[Path, int]
+"""The group's cap on each engine that is a member (by stats path)."""
+
+
+def in_force(row: Row, caps: Caps) -> int:
+    """The limit in force: the engine's own (``limit_bytes``), or its group's cap when lower."""
+    cap = caps.get(row[0])
+    return row[1].limit_bytes if cap is None else min(row[1].limit_bytes, cap)
+
+
+def capped(row: Row, caps: Caps) -> bool:
+    return in_force(row, caps) < row[1].limit_bytes
+
+
+def _cell(column: Column, row: Row, caps: Caps) -> Text:
+    if column.header == "limit" and capped(row, caps):  # "*": the group's cap (a note says)
+        return Text(short_bytes(in_force(row, caps)) + "*", style="yellow")
+    return _text(column.cell(row))
+
+
+def _fit(rows: list[Row], width: int, caps: Caps) -> tuple[list[Column], int, list[Column]]:
     """The columns that fit ``width`` (by rank), the engine column's width, those left out."""
     cells = {
-        c.header: [_text(c.cell(r)) for r in rows] if c.header != "engine" else [] for c in COLUMNS
+        c.header: [_cell(c, r, caps) for r in rows] if c.header != "engine" else [] for c in COLUMNS
     }
     need = {c.header: max([len(c.header), *(t.cell_len for t in cells[c.header])]) for c in COLUMNS}
     engine_full = max([6, *(len(printable(r[1].engine, MAX_ENGINE_CHARS)) for r in rows)])
@@ -345,8 +375,11 @@ def _fit(rows: list[Row], width: int) -> tuple[list[Column], int, list[Column]]:
     return kept, engine, dropped
 
 
-def _table(rows: list[Row], directory: Path, width: int) -> tuple[Table, list[Column]]:
-    columns, engine_chars, dropped = _fit(rows, width)
+def _table(
+    rows: list[Row], directory: Path, width: int, caps: Caps | None = None
+) -> tuple[Table, list[Column]]:
+    caps = caps or {}
+    columns, engine_chars, dropped = _fit(rows, width, caps)
     table = Table(
         title=Text(printable(f"kvplan top {directory}", max(width, 20))),
         box=box.SIMPLE_HEAD,
@@ -361,7 +394,7 @@ def _table(rows: list[Row], directory: Path, width: int) -> tuple[Table, list[Co
             *(
                 Text(printable(row[1].engine, engine_chars))
                 if c.header == "engine"
-                else _text(c.cell(row))
+                else _cell(c, row, caps)
                 for c in columns
             )
         )
@@ -371,11 +404,18 @@ def _table(rows: list[Row], directory: Path, width: int) -> tuple[Table, list[Co
 MAX_NOTES = 8
 
 
-def _notes(rows: list[Row], dropped: list[Column]) -> list[Text]:
-    """Lines under the table: limits raised to a floor, dead or stale engines, hidden columns."""
+def _notes(rows: list[Row], dropped: list[Column], caps: Caps | None = None) -> list[Text]:
+    """Lines under the table: limits raised to a floor or capped by a group, dead or stale
+    engines, hidden columns."""
     out: list[str] = []
-    for _, s, status in rows:
+    for row in rows:
+        _, s, status = row
         who = f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}"
+        if capped(row, caps or {}):
+            out.append(
+                f"{who}: limit* in force {short_bytes(in_force(row, caps or {}))}, its group's "
+                f"cap (its own limit {short_bytes(s.limit_bytes)})"
+            )
         if raised(s):
             floor = s.floor_bytes if s.floor_bytes is not None else s.limit_bytes
             out.append(
@@ -400,11 +440,15 @@ def _notes(rows: list[Row], dropped: list[Column]) -> list[Text]:
 
 def _view(snapshot: Snapshot, directory: Path, now: float, width: int) -> RenderableType:
     rows, diags = _split(snapshot, now)
-    table, dropped = _table(rows, directory, width)
+    groups, problems = _groups_of(rows, directory)
+    caps = _caps(rows, groups)
+    table, dropped = _table(rows, directory, width, caps)
     parts: list[RenderableType] = [table]
     if not rows:
         parts.append(Text("no readable stats files (yet)"))
-    parts.extend(_notes(rows, dropped))
+    parts.extend(_notes(rows, dropped, caps))
+    parts.extend(_group_view.group_table(group, width) for group in groups)
+    diags = [*diags, *problems]
     parts.extend(Text(d.render(), style="yellow") for d in diags)
     return Group(*parts)
 
@@ -417,8 +461,13 @@ def _groups_of(rows: list[Row], directory: Path) -> tuple[list[Any], list[Diagno
     return _group_view.snapshots(named)
 
 
+def _caps(rows: list[Row], groups: list[Any]) -> Caps:
+    return _group_view.group_caps([(p, s.group, s.group_member) for p, s, _ in rows], groups)
+
+
 def _json(rows: list[Row], groups: list[Any] | None = None) -> list[dict[str, Any]]:
     by_dir = {g.directory: g for g in groups or []}
+    caps = _caps(rows, groups or [])
     out = []
     for path, s, status in rows:
         row: dict[str, Any] = {"path": str(path), **s.model_dump(mode="json")}
@@ -431,6 +480,7 @@ def _json(rows: list[Row], groups: list[Any] | None = None) -> list[dict[str, An
         row["alive"] = status.alive
         row["stale"] = status.status == "stale"
         row["limit_raised_to_floor"] = raised(s)
+        row["limit_in_force_bytes"] = in_force((path, s, status), caps)
         out.append(row)
     return out
 
@@ -469,75 +519,6 @@ def _live(directory: Path, interval: float, snapshot: Snapshot) -> None:
             time.sleep(interval)
             frame = _view(read_stats_tree(directory), directory, time.time(), console.width)
             live.update(frame, refresh=True)
-
-
-def _write_page(out: Path, directory: Path, rows: list[Row], now: float) -> list[Diagnostic]:
-    """``top --html OUT``: the engines' mapped pages drawn on their plans; the problems."""
-    from kvplan.render import EngineView, elastic_page
-    from kvplan.render.elastic import plan_mismatch
-
-    views: list[EngineView] = []
-    problems: list[Diagnostic] = []
-    plans: dict[Path, BindingPlan | Diagnostic] = {}
-    for index, (path, stats, status) in enumerate(rows):
-        plan_file = path.parent / f"rank{stats.rank}.plan.json"
-        plan: BindingPlan | None = None
-        problem: Diagnostic | None = None
-        if index < MAX_ENGINES_DRAWN:
-            if plan_file not in plans:
-                plans[plan_file] = _load_plan(plan_file, stats)
-            found = plans[plan_file]
-            if isinstance(found, Diagnostic):
-                problem = found
-            else:
-                mismatch = plan_mismatch(stats, found)
-                if mismatch is None:
-                    plan = found
-                else:
-                    problem = warning(
-                        Code.STATS_PLAN_MISMATCH,
-                        printable(str(plan_file)),
-                        f"this plan is not the one rank {stats.rank} of "
-                        f"{printable(stats.engine, MAX_ENGINE_CHARS)} bound: {mismatch}.",
-                        "point kvplan top at the engine's own KVPLAN_DUMP_DIR",
-                    )
-            if problem is not None:
-                problems.append(problem)
-        views.append(EngineView(path, stats, status.status, status.age_seconds, plan, problem))
-    page = elastic_page(views, title=str(directory), now=now, drawn=MAX_ENGINES_DRAWN)
-    read = [path for path, _, _ in rows] + [p for p in plans if os.path.lexists(p)]
-    write_text_atomic(out, page, inputs=read)
-    stderr_console().print(cell(f"wrote {out}"))
-    return problems
-
-
-def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
-    from kvplan.schemas.loading import load_plan
-
-    where = printable(str(path))
-    if not os.path.lexists(path):  # a dangling link is there: refused by the read
-        return warning(
-            Code.STATS_PLAN_MISMATCH,
-            where,
-            f"no plan next to the stats of rank {stats.rank}: the page shows its figures but not "
-            "which pages are mapped.",
-            "the engine writes rank<N>.plan.json into KVPLAN_DUMP_DIR when it binds",
-        )
-    try:
-        return load_plan(path, within=path.parent)  # regular files only, never through a link
-    except KVPlanError as exc:
-        first = exc.diagnostics[0]
-        return warning(
-            Code.STATS_PLAN_MISMATCH,
-            where,
-            f"the plan of rank {stats.rank} cannot be used: {first.code.value} "
-            f"{first.message.rstrip('.')}.",
-            first.hint or "let the engine rewrite it",
-        )
-
-
-MAX_ENGINES_DRAWN = 16
-"""Ranks whose pools ``top --html`` draws; every rank is listed in its table."""
 
 
 def top_command(
@@ -602,14 +583,15 @@ def top_command(
     groups, group_problems = _groups_of(rows, directory)
     diags = [*diags, *group_problems]
     if html is not None and rows:
-        diags = [*diags, *_write_page(html, directory, rows, now)]
+        diags = [*diags, *_top_page.write_page(html, directory, rows, now, groups)]
     if json_out:
         print_json(_json(rows, groups))
     else:
         console = stdout_console()
-        table, dropped = _table(rows, directory, console.width)
+        caps = _caps(rows, groups)
+        table, dropped = _table(rows, directory, console.width, caps)
         console.print(table)
-        for line in _notes(rows, dropped):
+        for line in _notes(rows, dropped, caps):
             console.print(line, soft_wrap=False)
         for group in groups:
             console.print(_group_view.group_table(group, console.width))

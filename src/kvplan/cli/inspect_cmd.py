@@ -19,7 +19,8 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.cli._tables import pools_table
+from kvplan.cli._tables import pools_table, views_table
+from kvplan.planner.names import LayerNames, short_kind
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import printable
 from kvplan.schemas.loading import check_output, dump, dumps, write_text_atomic
@@ -77,31 +78,6 @@ def _short(layer: str) -> str:
     return match.group(1) if match else layer
 
 
-def _kind(kind: str) -> str:
-    return kind.removesuffix("Spec").removesuffix("KVCache")
-
-
-def _dims(values: list[int]) -> str:
-    return "×".join(str(v) for v in values)
-
-
-def _prefix(names: list[str]) -> str:
-    """The longest common prefix of ``names`` ending in a dot."""
-    if not names:
-        return ""
-    common = names[0]
-    for name in names[1:]:
-        while not name.startswith(common):
-            common = common[:-1]
-    return common[: common.rfind(".") + 1]
-
-
-def _suffix(names: list[str]) -> str:
-    """The longest common suffix of ``names`` starting with a dot."""
-    reversed_prefix = _prefix([name[::-1] for name in names])
-    return reversed_prefix[::-1]
-
-
 def _per_token(spec: Any, layers: int) -> float:
     return float(spec.page_size_bytes) * layers / spec.block_size
 
@@ -144,12 +120,12 @@ def render(result: InspectResult) -> None:
     stored = 0.0
     for gid, group in enumerate(config.kv_cache_groups):
         spec = group.kv_cache_spec
-        kind = _kind(spec.kind)
+        kind = short_kind(spec.kind)
         uniform = isinstance(spec, UniformTypeKVCacheSpecs)
         per_token = _per_token(spec, 1 if uniform else len(group.layer_names))
         leaf = spec.first_spec if isinstance(spec, UniformTypeKVCacheSpecs) else spec
         if uniform:
-            kind += f"[{_kind(leaf.kind)}]"
+            kind += f"[{short_kind(leaf.kind)}]"
         mamba = spec_kind(leaf).is_mamba
         stored += 0.0 if mamba else per_token
         groups.add_row(
@@ -174,32 +150,9 @@ def render(result: InspectResult) -> None:
         f"(max concurrency {result.max_concurrency:.2f}x at {result.max_model_len:,} tokens)"
     )
     console.print(pools_table(plan))
-    prefix, suffix = _prefix(plan.layers), _suffix(plan.layers)
-    if len(prefix) + len(suffix) >= min(len(name) for name in plan.layers):
-        prefix = suffix = ""
-
-    def short(name: str) -> str:
-        return name.removeprefix(prefix).removesuffix(suffix)
-
-    named = f" (layer = {prefix}<layer>{suffix})" if prefix or suffix else ""
-    views = Table(title=cell(f"views by group{named}"))
-    for column in ("group", "layer", "dtype", "shape", "stride", "offset"):
-        views.add_column(column, justify="right" if column in ("group", "offset") else "left")
-    for view in sorted(plan.views, key=lambda v: (v.group, v.offset_bytes)):
-        views.add_row(
-            *map(
-                cell,
-                (
-                    view.group,
-                    short(view.layer),
-                    view.dtype,
-                    _dims(view.shape),
-                    _dims(view.stride),
-                    view.offset_bytes,
-                ),
-            )
-        )
-    console.print(views)
+    layer_names = LayerNames(plan.layers)
+    short = layer_names.short
+    console.print(views_table(plan.views, layer_names, kinds=False))
     if not plan.aliases:
         return
     aliases = Table(title="aliases (KV sharing: bound to the target's tensor)")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvplan.elastic import _group_files as files
 from kvplan.elastic import grants
 from kvplan.elastic.grants import GroupState, PolicyError
-from kvplan.schemas.errors import Code, show_value
+from kvplan.schemas.errors import Code, KVPlanError, show_value
 
 # -- administration (kvplan limit, kvplan top) -----------------------------------------------
 
@@ -100,13 +100,16 @@ def read_snapshot(directory: Path | str) -> GroupSnapshot:
     """The group now. Takes no lock — the ledger is replaced atomically, so a read always
     sees a whole ledger, and a writer that hangs holding the lock cannot block it. Dead
     members are shown as ``dead``, not reaped (reading needs no write access)."""
-    paths = files.check_directory(Path(directory))
+    paths = files.check_directory(directory)
     files.GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
     ledger = files.read_ledger(paths)
     if ledger is None:
         raise files.ledger_problem(paths, "is missing (no engine has joined yet).")
     state = files.to_state(ledger)
-    liveness = {r.name: files.probe_lease(paths, r.lease, r.lease_inode) for r in ledger.members}
+    liveness = {
+        r.name: files.probe_lease(paths, r.lease, r.lease_inode, r.pid, r.joined_at)
+        for r in ledger.members
+    }
     return snapshot_of(paths, state, liveness)
 
 
@@ -114,16 +117,18 @@ def read_snapshot(directory: Path | str) -> GroupSnapshot:
 def _admin(
     directory: Path | str, timeout: float, create_budget: int | None = None
 ) -> Iterator[tuple[files.GroupPaths, GroupState]]:
-    paths = files.check_directory(Path(directory))
-    if create_budget is not None:
-        files.ensure_members_dir(paths)
-    lock = files.GroupLock(paths, create=create_budget is not None)
+    creating = create_budget is not None
+    paths = files.check_directory(directory, create=creating)
+    lock = files.GroupLock(paths, create=creating)
     try:
         with lock.hold(timeout):
+            if creating:
+                files.ensure_members_dir(paths)  # after the lock: a refused group makes none
             ledger = files.read_ledger(paths)
             if ledger is None:
                 if create_budget is None:
                     raise files.ledger_problem(paths, "is missing (no engine has joined yet).")
+                files.refuse_forgetting(paths, "ledger (ledger.json)")
                 state = GroupState(budget=create_budget)
             else:
                 state = files.to_state(ledger)
@@ -142,9 +147,11 @@ def _admin(
 def set_budget(
     directory: Path | str, budget: int, *, create: bool = False, timeout: float = files.LOCK_TIMEOUT
 ) -> GroupSnapshot:
-    """Change the group's budget (``kvplan limit``); with ``create``, make the group if it
-    has no ledger. ``KVP542`` below Σ guarantees (the message names both); below Σ grants
-    the borrowers owe the difference and give it back at their next ticks."""
+    """Change the group's budget (``kvplan limit``); with ``create``, make what the group
+    lacks: the directory (``0700``), ``members/``, and ``group.lock`` and the ledger only
+    while no member's lease is held (``KVP541`` else: never a silent reset). ``KVP542`` below
+    Σ guarantees (the message names both); below Σ grants the borrowers owe the difference
+    and give it back at their next ticks."""
     files.check_bytes(directory, "budget", budget)
     with _admin(directory, timeout, budget if create else None) as (paths, state):
         try:
@@ -172,3 +179,14 @@ def set_guarantee(
         except PolicyError as exc:
             raise files.policy_error(exc, paths.directory) from None
     return read_snapshot(directory)
+
+
+def is_group_directory(directory: Path | str) -> bool:
+    """Whether ``directory`` really is a group: a ``group.lock`` and a valid ledger (a
+    marker file alone is not one; ``kvplan limit DIR`` without ``--group`` asks this)."""
+    try:
+        paths = files.check_directory(directory)
+        files.GroupLock(paths, create=False).close()
+        return files.read_ledger(paths) is not None
+    except KVPlanError:
+        return False

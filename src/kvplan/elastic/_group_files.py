@@ -1,5 +1,6 @@
-"""The files of a group directory: the ledger document, the lock, the leases, and how each
-is opened, read, written and probed (``kvplan.elastic.group`` runs the members on them).
+"""The files of a group directory: the ledger (its document is ``_group_doc``), the lock,
+the leases, and how each is opened, read, written and probed, with the owners and modes
+``_group_safety`` checks (``kvplan.elastic.group`` runs the members on them).
 
 No torch, no vLLM. Every descriptor is opened ``O_CLOEXEC`` and without following links."""
 
@@ -15,13 +16,42 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from kvplan.elastic import _group_safety as safety
 from kvplan.elastic import grants
+from kvplan.elastic._group_doc import (
+    _LEASE,
+    _NAME,
+    _TEMP_PREFIX,
+    DEBUG_UNLOCKED_ENV,
+    HOLD_SECONDS,
+    LEASE_SUFFIX,
+    LEDGER_FILE,
+    LEDGER_KIND,
+    LOCK_FILE,
+    LOCK_TIMEOUT,
+    MAX_BYTES,
+    MAX_FACTOR,
+    MAX_LEDGER_BYTES,
+    MAX_MEMBERS,
+    MAX_REVISION,
+    MAX_SCAN,
+    MEMBERS_DIR,
+    SNAPSHOT_KIND,
+    TICK_SECONDS,
+    GroupLedger,
+    MemberRecord,
+    check_bytes,
+    check_range,
+    fail,
+    to_ledger,
+    to_state,
+)
 from kvplan.elastic.grants import GroupState, MemberState, PolicyError
-from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
+from kvplan.schemas.errors import Code, KVPlanError, show_value
 from kvplan.schemas.loading import (
     decode_text,
     diagnostics_from_validation,
@@ -29,133 +59,34 @@ from kvplan.schemas.loading import (
     write_text_atomic,
 )
 
-LEDGER_KIND: Final = "kvplan-group-ledger"
-SNAPSHOT_KIND: Final = "kvplan-group-snapshot"
-LEDGER_FILE = "ledger.json"
-LOCK_FILE = "group.lock"
-MEMBERS_DIR = "members"
-LEASE_SUFFIX = ".lease"
-
-MAX_LEDGER_BYTES = 1 << 20
-"""Largest ledger read (1 MiB; a full one of 64 members is about 40 KiB)."""
-MAX_MEMBERS = 64
-MAX_BYTES = 1 << 60
-"""Largest byte count a ledger holds (1 EiB)."""
-MAX_FACTOR = 4096
-MAX_SCAN = 4096
-"""Most entries looked at when cleaning ``members/`` and the group directory."""
-LOCK_TIMEOUT = 5.0
-"""Seconds a member waits for the group's lock before ``KVP540``."""
-TICK_SECONDS = 0.25
-"""How often :meth:`GroupMember.tick` looks at the ledger (the engine calls it every step)."""
-HOLD_SECONDS = 1.0
-"""A grant that just grew is not shrunk voluntarily for this long (hysteresis in time)."""
-DEBUG_UNLOCKED_ENV = "KVPLAN_DEBUG_GROUP_UNLOCKED"
-"""Test-only negative control: ``1`` makes every read-check-write skip the lock."""
-
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
-_LEASE = r"^[0-9a-f]{32}$"
-_TEMP_PREFIX = f".{LEDGER_FILE}."
-
-
-def fail(code: Code, where: object, message: str, hint: str = "") -> KVPlanError:
-    return KVPlanError(error(code, printable(str(where)), message, hint))
-
-
-def check_range(
-    where: object, what: str, value: int, high: int, *, low: int = 0, unit: str = "", hint: str
-) -> None:
-    """``KVP547`` (a bad request) unless ``low <= value <= high``."""
-    if not low <= value <= high:
-        raise fail(
-            Code.GROUP_BAD_REQUEST,
-            where,
-            f"the {what} must be {low} to {high}{unit} (got {show_value(value)}).",
-            hint,
-        )
-
-
-def check_bytes(where: object, what: str, value: int) -> None:
-    """``KVP547`` unless ``value`` is a byte count the ledger can hold (0 to ``MAX_BYTES``)."""
-    check_range(where, what, value, MAX_BYTES, unit=" bytes", hint="pass a byte count")
-
-
-# -- documents --------------------------------------------------------------------------------
-
-
-class _Document(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
-
-
-class MemberRecord(_Document):
-    """One member as the ledger keeps it (its bytes; the group charges ``× factor``)."""
-
-    name: str = Field(pattern=_NAME)
-    lease: str = Field(pattern=_LEASE, description="members/<lease>.lease")
-    lease_inode: int = Field(ge=0, le=1 << 64, description="the lease file's inode")
-    pid: int = Field(ge=0, le=1 << 32, description="the process that joined (informational)")
-    factor: int = Field(ge=1, le=MAX_FACTOR)
-    floor_bytes: int = Field(ge=0, le=MAX_BYTES)
-    guarantee_bytes: int = Field(ge=0, le=MAX_BYTES)
-    ceiling_bytes: int = Field(ge=0, le=MAX_BYTES)
-    granted_bytes: int = Field(ge=0, le=MAX_BYTES)
-    claim_bytes: int = Field(ge=0, le=MAX_BYTES)
-    claim_seq: int = Field(ge=0, le=1 << 62)
-    joined_at: float = Field(ge=0)
-
-
-class GroupLedger(_Document):
-    """``ledger.json``: the group's budget and members."""
-
-    kind: Literal["kvplan-group-ledger"] = LEDGER_KIND
-    version: Literal[1] = 1
-    budget_bytes: int = Field(ge=0, le=MAX_BYTES)
-    revision: int = Field(ge=0, le=1 << 62)
-    members: list[MemberRecord] = Field(max_length=MAX_MEMBERS)
-
-
-def to_state(ledger: GroupLedger) -> GroupState:
-    state = GroupState(budget=ledger.budget_bytes, revision=ledger.revision)
-    for r in ledger.members:
-        state.members[r.name] = MemberState(
-            name=r.name,
-            factor=r.factor,
-            floor=r.floor_bytes,
-            guarantee=r.guarantee_bytes,
-            ceiling=r.ceiling_bytes,
-            granted=r.granted_bytes,
-            claim=r.claim_bytes,
-            claim_seq=r.claim_seq,
-            lease=r.lease,
-            lease_inode=r.lease_inode,
-            pid=r.pid,
-            joined_at=r.joined_at,
-        )
-    return state
-
-
-def to_ledger(state: GroupState) -> GroupLedger:
-    return GroupLedger(
-        budget_bytes=state.budget,
-        revision=state.revision,
-        members=[
-            MemberRecord(
-                name=m.name,
-                lease=m.lease,
-                lease_inode=m.lease_inode,
-                pid=m.pid,
-                factor=m.factor,
-                floor_bytes=m.floor,
-                guarantee_bytes=m.guarantee,
-                ceiling_bytes=m.ceiling,
-                granted_bytes=m.granted,
-                claim_bytes=m.claim,
-                claim_seq=m.claim_seq,
-                joined_at=m.joined_at,
-            )
-            for m in sorted(state.members.values(), key=lambda m: m.name)
-        ],
-    )
+__all__ = [  # the document part lives in _group_doc; the group files re-export it
+    "DEBUG_UNLOCKED_ENV",
+    "HOLD_SECONDS",
+    "LEASE_SUFFIX",
+    "LEDGER_FILE",
+    "LEDGER_KIND",
+    "LOCK_FILE",
+    "LOCK_TIMEOUT",
+    "MAX_BYTES",
+    "MAX_FACTOR",
+    "MAX_LEDGER_BYTES",
+    "MAX_MEMBERS",
+    "MAX_REVISION",
+    "MAX_SCAN",
+    "MEMBERS_DIR",
+    "SNAPSHOT_KIND",
+    "TICK_SECONDS",
+    "_LEASE",
+    "_NAME",
+    "_TEMP_PREFIX",
+    "GroupLedger",
+    "MemberRecord",
+    "check_bytes",
+    "check_range",
+    "fail",
+    "to_ledger",
+    "to_state",
+]
 
 
 # -- paths and descriptors ------------------------------------------------------------------
@@ -220,9 +151,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _RDONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o666) -> int:
+def open_regular(
+    path: Path, flags: int, what: str, code: Code, mode: int = 0o666, *, private: bool = False
+) -> int:
     """Open ``path`` (never through a symbolic link, never blocking on a fifo) and make sure
-    it is a regular file; the descriptor. ``FileNotFoundError`` passes through."""
+    it is a regular file; the descriptor. ``private`` (the lock, a lease): owned by this user
+    or root and open to nobody else (``KVP540``). ``FileNotFoundError`` passes through."""
     try:
         fd = os.open(path, flags, mode)
     except FileNotFoundError:
@@ -242,37 +176,87 @@ def open_regular(path: Path, flags: int, what: str, code: Code, mode: int = 0o66
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise fail(code, path, f"the {what} is not a regular file.", "remove it")
+    if private:
+        try:
+            safety.check_owner_and_mode(path, info, what, private=True)
+        except KVPlanError:
+            os.close(fd)
+            raise
     return fd
 
 
-def check_directory(directory: Path) -> GroupPaths:
+def check_directory(directory: Path | str, *, create: bool = False) -> GroupPaths:
+    """The group directory, checked (:mod:`._group_safety`: never a symbolic link, this
+    user's or root's, not writable by others, nor is any directory above it up to a sticky
+    one); with ``create``, a missing one is made ``0700``. ``KVP540`` otherwise."""
+    if not str(directory).strip():
+        raise _unreachable(
+            "''", "the group directory is empty.", "name the group's directory (KVPLAN_GROUP)"
+        )
     paths = GroupPaths(Path(directory))
+    safety.check_group_directory(paths.directory, create=create)
     try:
-        info = os.stat(paths.directory)
-    except OSError as exc:
-        reason = "does not exist" if exc.errno == errno.ENOENT else (exc.strerror or "error")
-        hint = "create it (mkdir) or point KVPLAN_GROUP at the group's directory"
-        raise _unreachable(paths.directory, f"the group directory {reason}.", hint) from None
-    if not stat.S_ISDIR(info.st_mode):
-        problem, hint = "is not a directory", "point KVPLAN_GROUP at the group's directory"
-        raise _unreachable(paths.directory, f"the group directory {problem}.", hint)
+        members = os.lstat(paths.members)
+    except OSError:
+        return paths  # made (and checked) by the first writer
+    if not stat.S_ISDIR(members.st_mode):
+        problem = "the members directory is not a directory (or is a symbolic link)."
+        raise _unreachable(paths.members, problem, "remove it; kvplan creates it")
+    safety.check_owner_and_mode(paths.members, members, "members directory", private=True)
     return paths
 
 
 def ensure_members_dir(paths: GroupPaths) -> None:
     try:
-        os.mkdir(paths.members, 0o777)
+        os.mkdir(paths.members, safety.DIR_MODE)
     except FileExistsError:
         pass
     except OSError as exc:
         problem = f"cannot create the members directory: {exc.strerror or type(exc).__name__}."
         raise _unreachable(paths.members, problem, "make the group directory writable") from None
-    if not stat.S_ISDIR(os.lstat(paths.members).st_mode):
+    info = os.lstat(paths.members)
+    if not stat.S_ISDIR(info.st_mode):
         problem = "the members directory is not a directory (or is a symbolic link)."
         raise _unreachable(paths.members, problem, "remove it; kvplan creates it")
+    safety.check_owner_and_mode(paths.members, info, "members directory", private=True)
 
 
-def _unreachable(path: Path, problem: str, hint: str) -> KVPlanError:
+def live_leases(paths: GroupPaths) -> int:
+    """How many lease files in ``members/`` some process holds (bounded scan): members that
+    are alive whatever the ledger says."""
+    found = 0
+    with contextlib.suppress(OSError), os.scandir(paths.members) as entries:
+        for i, entry in enumerate(entries):
+            if i >= MAX_SCAN:
+                break
+            stem = entry.name.removesuffix(LEASE_SUFFIX)
+            if stem == entry.name or not re.fullmatch(_LEASE, stem):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False) and (
+                    probe_lease(paths, stem, entry.inode()) == Liveness.ALIVE
+                ):
+                    found += 1
+    return found
+
+
+def refuse_forgetting(paths: GroupPaths, what: str) -> None:
+    """``KVP541`` when ``what`` (the ledger, the lock) is missing while members are alive:
+    making it anew would forget them (a silent reset)."""
+    alive = live_leases(paths)
+    if alive:
+        raise fail(
+            Code.GROUP_LEDGER_INVALID,
+            paths.directory,
+            f"the group's {what} is missing while {alive} member lease"
+            f"{'s are' if alive > 1 else ' is'} held: a new one would forget live members "
+            "and their grants (a silent reset).",
+            "stop the group's engines (their leases are then free), then create the group "
+            "again (kvplan limit --group DIR SIZE, or the first engine's KVPLAN_GROUP_BUDGET)",
+        )
+
+
+def _unreachable(path: object, problem: str, hint: str) -> KVPlanError:
     """``KVP540``: a group directory (or its members directory) kvplan cannot use."""
     return fail(Code.GROUP_UNREACHABLE, path, problem, hint)
 
@@ -282,21 +266,63 @@ def _unlocked() -> bool:
 
 
 class GroupLock(_Descriptor):
-    """The group's ``flock``; :meth:`hold` waits at most ``timeout`` seconds."""
+    """The group's ``flock``; :meth:`hold` waits at most ``timeout`` seconds, then checks
+    that ``group.lock`` is still the file this descriptor opened (``KVP540`` if it was
+    removed or replaced: processes that opened the old and the new file would not exclude
+    each other). With ``create``, a missing lock file is made (``0600``) only while no lease
+    is held (:func:`refuse_forgetting`)."""
 
     def __init__(self, paths: GroupPaths, *, create: bool) -> None:
-        flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | _RDONLY
+        what = "group lock file"
         try:
-            fd = open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE)
+            fd = open_regular(paths.lock, os.O_RDONLY | _RDONLY, what, Code.GROUP_UNREACHABLE,
+                              private=True)  # fmt: skip
         except FileNotFoundError:
-            raise fail(
-                Code.GROUP_UNREACHABLE,
-                paths.directory,
-                "the directory is not a kvplan group (no group.lock).",
-                "start an engine with KVPLAN_GROUP naming it, or run kvplan limit on it",
-            ) from None
+            if not create:
+                raise fail(
+                    Code.GROUP_UNREACHABLE,
+                    paths.directory,
+                    "the directory is not a kvplan group (no group.lock).",
+                    "start an engine with KVPLAN_GROUP naming it, or run kvplan limit --group "
+                    "on it",
+                ) from None
+            fd = self._create(paths)
+        info = os.fstat(fd)
         super().__init__(fd)
         self.paths = paths
+        self.identity = (info.st_dev, info.st_ino)
+
+    @staticmethod
+    def _create(paths: GroupPaths) -> int:
+        refuse_forgetting(paths, "lock file (group.lock)")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _RDONLY
+        try:
+            fd = open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE,
+                              safety.FILE_MODE)  # fmt: skip
+            os.fchmod(fd, safety.FILE_MODE)
+            return fd
+        except FileExistsError:  # made meanwhile by another process: open that one
+            flags = os.O_RDONLY | _RDONLY
+            return open_regular(paths.lock, flags, "group lock file", Code.GROUP_UNREACHABLE,
+                                private=True)  # fmt: skip
+        except FileNotFoundError:
+            raise _unreachable(paths.lock, "cannot create the lock file.", "check DIR") from None
+
+    def check_same(self) -> None:
+        """``KVP540`` unless ``group.lock`` is still the file this descriptor opened."""
+        try:
+            info = os.lstat(self.paths.lock)
+            same = (info.st_dev, info.st_ino) == self.identity
+        except OSError:
+            same = False
+        if not same:
+            raise fail(
+                Code.GROUP_UNREACHABLE,
+                self.paths.lock,
+                "the group's lock file was removed or replaced since this process opened it: "
+                "processes holding the old and the new file no longer exclude each other.",
+                "stop every engine of the group and start them again; never remove group.lock",
+            )
 
     @contextlib.contextmanager
     def hold(self, timeout: float) -> Iterator[None]:
@@ -307,6 +333,7 @@ class GroupLock(_Descriptor):
         assert self.fd is not None
         flock_bounded(self.fd, fcntl.LOCK_EX, timeout, self.paths.lock, "the group's lock")
         try:
+            self.check_same()
             yield
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -390,6 +417,8 @@ unchanged ledger is not parsed again (the comparison is of the whole content, so
 
 def _parse_ledger(paths: GroupPaths, raw: bytes) -> GroupLedger:
     name = str(paths.ledger)
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise ledger_problem(paths, "starts with a UTF-8 BOM; kvplan writes none (edited?).")
     try:
         data: Any = parse_text(decode_text(raw, name), name)
     except KVPlanError as exc:
@@ -436,7 +465,11 @@ def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
     """Replace the ledger atomically (``KVP540`` when it cannot be written)."""
     text = ledger.model_dump_json(indent=1) + "\n"
     try:
+        fresh = str(paths.ledger) not in _LAST
         write_text_atomic(paths.ledger, text)
+        if fresh:  # later writes keep the mode (the one writer keeps a file's mode)
+            with contextlib.suppress(OSError):
+                os.chmod(paths.ledger, safety.FILE_MODE, follow_symlinks=False)
         _LAST[str(paths.ledger)] = (text.encode(), ledger)
     except KVPlanError as exc:
         first = exc.diagnostics[0]
@@ -473,12 +506,13 @@ class Lease(_Descriptor):
         path = paths.lease(lease)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = open_regular(path, flags, "lease file", Code.GROUP_UNREACHABLE, 0o644)
+            fd = open_regular(path, flags, "lease file", Code.GROUP_UNREACHABLE, safety.FILE_MODE)
         except FileNotFoundError:
             raise fail(
                 Code.GROUP_UNREACHABLE, path, "cannot create the lease file.", "check members/"
             ) from None
         try:
+            os.fchmod(fd, safety.FILE_MODE)
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             inode = os.fstat(fd).st_ino
         except OSError as exc:
@@ -491,12 +525,29 @@ class Lease(_Descriptor):
             ) from None
         return cls(fd, path, inode)
 
+    MINE: Final = "mine"
+    REMOVED: Final = "removed"
+    OTHER: Final = "other"
+
+    def look(self) -> str:
+        """What is at the lease's path now (one ``lstat``): :attr:`MINE`, the file this
+        process locked; :attr:`REMOVED`, nothing; :attr:`OTHER`, another file (replaced) or
+        a path that cannot be looked at."""
+        try:
+            inode = os.lstat(self.path).st_ino
+        except FileNotFoundError:
+            return self.REMOVED
+        except OSError:
+            return self.OTHER
+        return self.MINE if inode == self.inode else self.OTHER
+
     def still_mine(self) -> bool:
         """The lease file at its path is still the one this process locked."""
-        try:
-            return os.lstat(self.path).st_ino == self.inode
-        except OSError:
-            return False
+        return self.look() == self.MINE
+
+    def removed(self) -> bool:
+        """Nothing is at the lease's path any more (removed, not replaced)."""
+        return self.look() == self.REMOVED
 
 
 class Liveness:
@@ -505,18 +556,28 @@ class Liveness:
     TAMPERED: Final = "tampered"
 
 
-def probe_lease(paths: GroupPaths, lease: str, inode: int) -> str:
-    """:data:`Liveness` of the member holding ``lease``: ``dead`` when its file is gone or
-    nobody holds it; ``tampered`` when the file is not the one the member locked."""
+def probe_lease(
+    paths: GroupPaths, lease: str, inode: int, pid: int = 0, joined_at: float = 0.0
+) -> str:
+    """:data:`Liveness` of the member holding ``lease``: ``dead`` when nobody holds its file;
+    ``tampered`` when the file is not the one the member locked (or is open to other users).
+    A file removed under a member (``rm``) says nothing of it: the member is then ``alive``
+    while the process ``pid`` that joined at ``joined_at`` runs (its next group operation
+    makes a new lease file), ``dead`` otherwise."""
     try:
         fd = os.open(paths.lease_name(lease), _RDONLY)
     except FileNotFoundError:
-        return Liveness.DEAD
+        alive = safety.started_before(pid, joined_at)
+        return Liveness.ALIVE if alive else Liveness.DEAD
     except OSError:
         return Liveness.TAMPERED
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_ino != inode:
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_ino != inode
+            or stat.S_IMODE(info.st_mode) & 0o077
+        ):
             return Liveness.TAMPERED
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -531,8 +592,8 @@ def tampered(paths: GroupPaths, lease: str, name: str) -> KVPlanError:
     return fail(
         Code.GROUP_LEASE_LOST,
         paths.lease(lease),
-        f"the lease file of member {name} is not the file it locked (replaced, or not a "
-        "regular file); its liveness cannot be told.",
+        f"the lease file of member {name} is not the file it locked (replaced, not a "
+        "regular file, or open to other users); its liveness cannot be told.",
         f"stop that member, remove the file, and start it again (it rejoins as {name})",
     )
 
@@ -545,7 +606,7 @@ def reap(paths: GroupPaths, state: GroupState, keep: str | None = None) -> list[
         if name == keep:
             continue
         lease = m.lease
-        found = probe_lease(paths, lease, m.lease_inode)
+        found = probe_lease(paths, lease, m.lease_inode, m.pid, m.joined_at)
         if found == Liveness.TAMPERED:
             raise tampered(paths, lease, name)
         if found == Liveness.DEAD:
@@ -560,7 +621,7 @@ def still_alive(paths: GroupPaths, m: MemberState, tries: int = 5) -> bool:
     """Whether ``m`` is alive, asked a few times a millisecond apart: a reader (``kvplan
     top``) probing a dead member's lease holds it for a moment, which looks like a holder."""
     for i in range(tries):
-        found = probe_lease(paths, m.lease, m.lease_inode)
+        found = probe_lease(paths, m.lease, m.lease_inode, m.pid, m.joined_at)
         if found == Liveness.TAMPERED:
             raise tampered(paths, m.lease, m.name)
         if found == Liveness.DEAD:

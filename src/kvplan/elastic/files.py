@@ -61,6 +61,12 @@ MAX_POOL_NAME_CHARS: Final = 256
 MAX_CHUNK_INDEX: Final = 1 << 50
 """Chunk numbers and counts in ``mapped_runs`` stay below this (1 PiB of 1-byte chunks)."""
 
+STEP_SECONDS_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the buckets of ``map_seconds_buckets`` / ``unmap_seconds_buckets``
+(one more bucket above the last: +Inf); the ``_seconds`` histograms of ``/metrics`` use them."""
+
 _STATS_NAME = re.compile(r"rank([0-9]{1,9})\.stats\.json")
 
 
@@ -125,6 +131,12 @@ class ElasticStats(_Document):
         description="the limit asked (KVPLAN_MEMORY_LIMIT or limit.json); None: the default "
         "(the reservation). limit_bytes is the limit in force",
     )
+    over_limit_preemptions: int | None = Field(
+        default=None,
+        ge=0,
+        description="requests the engine core preempted so far because blocks in use exceeded "
+        "the effective limit (a lowered limit, another member's claim); None: an older writer",
+    )
     plan_fingerprint: str | None = Field(
         default=None, max_length=128, description="fingerprint of the plan the worker bound"
     )
@@ -147,6 +159,29 @@ class ElasticStats(_Document):
         description="chunks per unit of mapped_runs: 1 exact; N > 1 a unit is listed when any "
         "of its N chunks is mapped (the writer coarsens past MAX_MAPPED_RUNS runs)",
     )
+
+    map_seconds_buckets: list[int] | None = Field(
+        default=None,
+        description="steps that mapped, counted by how long their map took: one count per "
+        "bound of STEP_SECONDS_BUCKETS and a last one above it (not cumulative)",
+    )
+    unmap_seconds_buckets: list[int] | None = Field(
+        default=None,
+        description="steps that unmapped, counted by how long their unmap took (as "
+        "map_seconds_buckets)",
+    )
+
+    @field_validator("map_seconds_buckets", "unmap_seconds_buckets")
+    @classmethod
+    def _check_buckets(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (
+            len(value) != len(STEP_SECONDS_BUCKETS) + 1 or any(n < 0 for n in value)
+        ):
+            raise ValueError(
+                f"needs {len(STEP_SECONDS_BUCKETS) + 1} counts >= 0 (one per bound of "
+                "STEP_SECONDS_BUCKETS, then one above the last)"
+            )
+        return value
 
     @field_validator("mapped_runs")
     @classmethod

@@ -235,8 +235,9 @@ def request(state: GroupState, name: str, need_bytes: int, want: int | None = No
     Grows to ``want`` (default: ``need_bytes`` or a quantum above the grant, whichever is
     more), capped by the free bytes and the member's ceiling, when that reaches
     ``need_bytes``. Past its guarantee a member only grows while nobody claims. When
-    ``need_bytes`` cannot be reached: a member below its guarantee takes what is free up to
-    the guarantee and claims the rest up to ``min(need_bytes, guarantee)``. True when the
+    ``need_bytes`` cannot be reached the member takes what it may now (the free bytes; past
+    its guarantee only while nobody claims) and, below its guarantee, claims the rest up to
+    ``min(need_bytes, guarantee)``: the claim is the need, whatever was free. True when the
     grant reaches ``need_bytes``.
     """
     m = state.members[name]
@@ -265,8 +266,10 @@ def _grow(state: GroupState, m: MemberState, need_bytes: int, want: int | None) 
         m.granted = min(want, cap)
         m.claim, m.claim_seq = 0, 0
         return True
-    if m.granted < m.guarantee:
-        m.granted = max(m.granted, min(cap, m.guarantee))
+    # the need cannot be met now: take what may be taken (what is free, past the guarantee
+    # only while nobody claims), and claim the rest of the need below the guarantee
+    m.granted = max(m.granted, cap)
+    if m.granted < m.guarantee or m.claim:
         claim = max(0, min(need_bytes, m.guarantee) - m.granted)
         if claim and not m.claim:
             m.claim_seq = state.revision + 1

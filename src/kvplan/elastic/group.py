@@ -39,6 +39,7 @@ from kvplan.elastic import grants
 from kvplan.elastic._group_admin import (
     GroupSnapshot,
     MemberSnapshot,
+    is_group_directory,
     read_snapshot,
     set_budget,
     set_guarantee,
@@ -82,6 +83,7 @@ from kvplan.elastic._group_files import (
     probe_lease,
     read_ledger,
     reap,
+    refuse_forgetting,
     signature,
     still_alive,
     tampered,
@@ -118,6 +120,7 @@ __all__ = [
     "MemberRecord",
     "MemberSnapshot",
     "attach",
+    "is_group_directory",
     "probe_lease",
     "read_ledger",
     "read_snapshot",
@@ -224,16 +227,17 @@ class GroupMember:
             check_bytes(directory, label, value)
         if budget is not None:
             check_bytes(directory, "budget", budget)
-        paths = check_directory(Path(directory))
-        ensure_members_dir(paths)
+        paths = check_directory(directory)
         lock = GroupLock(paths, create=True)
         lease_id = secrets.token_hex(16)
         member_lease: Lease | None = None
         try:
             with lock.hold(timeout):
+                ensure_members_dir(paths)  # after the lock: a refused group makes none
                 ledger = read_ledger(paths)
                 created = ledger is None
                 if ledger is None:
+                    refuse_forgetting(paths, "ledger (ledger.json)")
                     if budget is None:
                         raise fail(
                             Code.GROUP_BUDGET_MISSING,
@@ -338,6 +342,17 @@ class GroupMember:
             )
         return m
 
+    def _heal_lease(self, state: GroupState) -> None:
+        """A lease file removed under this live member (``rm``): make a new one at the same
+        path and record its inode (inside the lock), so the member stays provably alive."""
+        m = state.members.get(self.name)
+        if m is None or m.lease != self.lease_id or not self._lease.removed():
+            return
+        fresh = Lease.create(self.paths, self.lease_id)
+        self._lease.close()
+        self._lease = fresh
+        m.lease_inode = fresh.inode
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[GroupState]:
         with self._lock.hold(self.lock_timeout):
@@ -345,6 +360,7 @@ class GroupMember:
             if ledger is None:
                 raise ledger_problem(self.paths, "is missing.")
             state = to_state(ledger)
+            self._heal_lease(state)
             self._mine(state)
             before = signature(to_state(ledger))
             reap(self.paths, state, keep=self.name)
@@ -427,6 +443,16 @@ class GroupMember:
             target = mapped + q
         return target if target < granted else None
 
+    def stamp(self) -> object:
+        """The ledger file's identity now (one ``lstat``): it changes with every write of any
+        member, so an unchanged stamp means nothing changed since the last look."""
+        return ledger_stamp(self.paths)
+
+    def changed(self) -> bool:
+        """Whether the ledger was written since this member last read or wrote it (one
+        ``lstat``; for a watcher that must not take the lock to find out)."""
+        return ledger_stamp(self.paths) != self._stamp
+
     def _held(self) -> bool:
         return time.monotonic() - self._grew_at < self.hold_seconds
 
@@ -440,6 +466,9 @@ class GroupMember:
             return False
         self._next_tick = now + self.tick_seconds
         before = (self.granted, self.effective_limit, self.claim)
+        if self._lease.look() != Lease.MINE:
+            with self._locked():
+                pass  # a removed lease is made again (_heal_lease), a replaced one fails
         stamp = ledger_stamp(self.paths)
         if stamp != self._stamp or self._owed_to:
             ledger = read_ledger(self.paths)
@@ -450,14 +479,21 @@ class GroupMember:
             self._stamp = stamp
             self._adopt(state)
             if any(
-                probe_lease(self.paths, state.members[n].lease, state.members[n].lease_inode)
+                probe_lease(self.paths, o.lease, o.lease_inode, o.pid, o.joined_at)
                 != Liveness.ALIVE
-                for n in self._owed_to
-                if n in state.members
+                for o in (state.members[n] for n in self._owed_to if n in state.members)
             ):
                 with self._locked():
                     pass  # reaps the dead claimants; their claims vanish
         return (self.granted, self.effective_limit, self.claim) != before
+
+    def check(self) -> None:
+        """One look at the group through everything the accounting goes through: the lock,
+        the ledger, this member's lease (a :class:`KVPlanError` when any of them fails), the
+        member's figures adopted. For an engine whose accounting failed, to learn that it
+        can be reached again -- a look that skips one of them would say so too early."""
+        with self._locked():
+            pass
 
     def leave(self) -> None:
         """Leave the group: the grant returns, the lease file is removed."""
@@ -496,7 +532,7 @@ def attach(directory: Path | str, name: str, timeout: float = LOCK_TIMEOUT) -> L
     only when nobody holds it, and removes the file while holding it; so either this process
     holds the lease first (and the member is alive) or it sees the file gone or replaced.
     """
-    paths = check_directory(Path(directory))
+    paths = check_directory(directory)
     GroupLock(paths, create=False).close()  # a kvplan group (KVP540 otherwise)
 
     def record() -> MemberRecord:

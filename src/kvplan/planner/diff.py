@@ -1,4 +1,9 @@
-"""Semantic diff of two plans, keyed by pool and layer name (not by list position)."""
+"""Semantic diff of two plans, keyed by pool and layer name (not by list position).
+
+Text and markdown are written for a person at 100 columns: the prefix and suffix every
+layer name shares are said once above the changes, each layer by the part that differs, and
+shapes and strides as one word (``786432×1×32×512``). JSON keeps every name and value whole.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kvplan.planner.names import LayerNames, dims
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.plan import BindingPlan
 
@@ -23,12 +29,29 @@ class Change:
     old: Any = None
     new: Any = None
 
-    def render(self) -> str:
-        where = f"{self.section}[{self.key}]" if self.key else self.section
+    def render(self, names: LayerNames | None = None) -> str:
+        key = self.short_key(names)
+        where = f"{self.section}[{key}]" if key else self.section
         if self.change == "changed":
-            return f"~ {where}.{self.field}: {_fmt(self.old)} -> {_fmt(self.new)}"
+            old, new = self.value(self.old, names), self.value(self.new, names)
+            return f"~ {where}.{self.field}: {old} -> {new}"
         sign = "+" if self.change == "added" else "-"
         return f"{sign} {where}"
+
+    def short_key(self, names: LayerNames | None) -> str:
+        layered = names is not None and self.section in _LAYERED
+        return names.short(self.key) if layered and names is not None else self.key
+
+    def value(self, value: Any, names: LayerNames | None) -> str:
+        if names is not None and self.field == "target" and isinstance(value, str):
+            return names.short(value)
+        if names is not None and isinstance(value, list) and all(type(v) is int for v in value):
+            return dims(value) if value else "[]"
+        return _fmt(value)
+
+
+_LAYERED = ("views", "aliases")
+"""Sections keyed by layer name."""
 
 
 def _fmt(value: Any) -> str:
@@ -43,10 +66,17 @@ class PlanDiff:
     def same(self) -> bool:
         return not self.changes
 
+    def names(self) -> LayerNames:
+        """The layer names the changes key (their shared prefix and suffix said once)."""
+        layers = sorted({c.key for c in self.changes if c.section in _LAYERED and c.key})
+        return LayerNames(layers if len(layers) > 1 else [])
+
     def to_text(self) -> str:
         if self.same:
             return "plans are identical\n"
-        return "".join(c.render() + "\n" for c in self.changes)
+        names = self.names()
+        legend = f"layer = {names.pattern}\n" if names.pattern else ""
+        return legend + "".join(c.render(names) + "\n" for c in self.changes)
 
     def to_json(self) -> str:
         return (
@@ -57,16 +87,19 @@ class PlanDiff:
     def to_markdown(self) -> str:
         if self.same:
             return "**No drift**: the plans are identical.\n"
+        names = self.names()
+        legend = f" (layer = `{names.pattern}`)" if names.pattern else ""
         lines = [
-            f"**{len(self.changes)} change(s)**",
+            f"**{len(self.changes)} change(s)**{legend}",
             "",
             "| section | key | change | field | old | new |",
             "|---|---|---|---|---|---|",
         ]
         for c in self.changes:
-            old = "" if c.old is None else f"`{_fmt(c.old)}`"
-            new = "" if c.new is None else f"`{_fmt(c.new)}`"
-            lines.append(f"| {c.section} | `{c.key}` | {c.change} | {c.field} | {old} | {new} |")
+            shown = [c.value(v, names) if c.change == "changed" else None for v in (c.old, c.new)]
+            old, new = (f"`{v}`" if v is not None else "" for v in shown)
+            key = c.short_key(names)
+            lines.append(f"| {c.section} | `{key}` | {c.change} | {c.field} | {old} | {new} |")
         return "\n".join(lines) + "\n"
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.elastic.files import ElasticStats
+from kvplan.elastic.group import GroupSnapshot
 from kvplan.render._geometry import block_stride_bytes, extent, short
 from kvplan.render._palette import palette
 from kvplan.render._svg import (
@@ -506,7 +508,13 @@ def _section(view: EngineView) -> str:
     plan = view.plan
     if plan is None:
         return "".join(parts)
-    if s.mapped_runs is None:
+    if s.mapped_runs is None and s.state == "closed":
+        parts.append(
+            "<p class='meta'>This is the engine's closing snapshot: its KV cache is closed and "
+            "nothing is mapped any more (a closed cache records no <code>mapped_runs</code>); "
+            "the figures above are its last.</p>"
+        )
+    elif s.mapped_runs is None:
         parts.append(
             "<p class='warn'>This snapshot carries no <code>mapped_runs</code> (written by an "
             "older kvplan, or the mapping had more pools than a snapshot records): which "
@@ -525,9 +533,17 @@ def _section(view: EngineView) -> str:
 
 
 def elastic_page(
-    views: list[EngineView], title: str = "", now: float | None = None, drawn: int = 16
+    views: list[EngineView],
+    title: str = "",
+    now: float | None = None,
+    drawn: int = 16,
+    groups: Sequence[GroupSnapshot] = (),
 ) -> str:
-    """The ``top --html`` page: every rank in a table, the first ``drawn`` ranks drawn."""
+    """The ``top --html`` page: every rank in a table, the first ``drawn`` ranks drawn; above
+    them each group of ``groups`` (its budget by member: guarantees, grants, borrowed, claims)."""
+    from kvplan.render._group import CSS as GROUP_CSS
+    from kvplan.render._group import group_section
+
     now = time.time() if now is None else now
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     styles: set[int] = set()
@@ -544,12 +560,13 @@ def elastic_page(
         f"<h1>kvplan top · {esc(title)}</h1><p class='meta'>{len(views)} rank(s) · "
         f"snapshots read {esc(stamp)} · each rank's pools drawn from its plan "
         "(<code>rank&lt;N&gt;.plan.json</code> beside its stats), its mapped chunks from its "
-        f"latest snapshot</p>{_figures_table(views)}{_legend_line()}{sections}{more}"
+        f"latest snapshot</p>{''.join(group_section(g, WIDTH) for g in groups)}"
+        f"{_figures_table(views)}{_legend_line()}{sections}{more}"
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{esc(f'kvplan top · {title}')}</title><style>{CSS}</style></head><body>"
+        f"<title>{esc(f'kvplan top · {title}')}</title><style>{CSS}{GROUP_CSS}</style></head><body>"
         f"{defs(styles)}{body}<p class='meta'>Drawn by kvplan from stats snapshots and plans; "
         "self-contained (no script, no fetched resources).</p></body></html>\n"
     )

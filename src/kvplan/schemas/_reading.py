@@ -188,8 +188,9 @@ def read_bytes(
 
     Nothing that is not a regular file is opened: the file is checked first (``os.stat``,
     ``KVP022`` for a fifo, socket or device, ``KVP002`` for a directory), opened with
-    ``O_NONBLOCK`` (so nothing can make the open wait) and checked again on the descriptor;
-    a read that would wait is ``KVP022`` too. ``within``: a directory kvplan keeps its own
+    ``O_NONBLOCK`` (so nothing can make the open wait) and checked again on the descriptor
+    alone (a file renamed over the path in between is the new file, read whole: no error); a
+    read that would wait is ``KVP022`` too. ``within``: a directory kvplan keeps its own
     files in (a golden tree, a dump directory); then ``path`` must lie below it and no
     symbolic link below it is followed, the file's own name included (``KVP023``).
     ``KVP002`` unreadable, ``KVP014`` larger than ``limit``.
@@ -198,14 +199,17 @@ def read_bytes(
     if name == "-" and within is None:
         data = _read_stdin(limit)
     else:
-        fd, before = _open_regular(path, within)
+        fd = _open_regular(path, within)
         try:
-            after = os.fstat(fd)
-            if not stat.S_ISREG(after.st_mode) or (after.st_dev, after.st_ino) != before:
+            # the descriptor alone decides: an atomic rename-over between the check of the
+            # path and the open hands over the new file, which is as whole as the old one
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
                 _fail(
                     Code.NOT_REGULAR_FILE,
                     name,
-                    "was replaced by something else while it was opened.",
+                    f"was replaced by {file_kind(opened.st_mode)} while it was opened; kvplan "
+                    "reads regular files only.",
                     "run again once nothing else writes it",
                 )
             data = _read_fd(fd, limit, name)
@@ -221,7 +225,7 @@ def read_bytes(
     return data
 
 
-def _open_regular(path: str | Path, within: str | Path | None) -> tuple[int, tuple[int, int]]:
+def _open_regular(path: str | Path, within: str | Path | None) -> int:
     name = str(path)
     if within is None:
         try:
@@ -230,7 +234,7 @@ def _open_regular(path: str | Path, within: str | Path | None) -> tuple[int, tup
             _unreadable(name, exc)
         _require_regular(info.st_mode, name)
         try:
-            return os.open(path, _OPEN_FLAGS), (info.st_dev, info.st_ino)
+            return os.open(path, _OPEN_FLAGS)
         except OSError as exc:
             _unreadable(name, exc)
     folder, leaf = open_below(within, path)
@@ -244,7 +248,7 @@ def _open_regular(path: str | Path, within: str | Path | None) -> tuple[int, tup
             fd = os.open(leaf, _OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=folder)
         except OSError as exc:
             _unreadable(name, exc)
-        return fd, (info.st_dev, info.st_ino)
+        return fd
     finally:
         os.close(folder)
 

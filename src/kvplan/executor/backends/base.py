@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -257,6 +257,64 @@ class CountedBackend:
         self.calls(op)
 
 
+class Mappings:
+    """A backend's live mappings, ``address -> size``, disjoint, with their starts kept
+    sorted: whether a range overlaps one, or how many lie inside a range, is a binary search
+    (a pool of thousands of 4 KiB chunks must not make every map scan them all), and their
+    bytes are a running sum."""
+
+    __slots__ = ("_sizes", "_starts", "total")
+
+    def __init__(self) -> None:
+        self._sizes: dict[int, int] = {}
+        self._starts: list[int] = []
+        self.total = 0
+        """Bytes mapped in all."""
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._sizes
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._starts)
+
+    def get(self, address: int, default: int | None = None) -> int | None:
+        return self._sizes.get(address, default)
+
+    def __setitem__(self, address: int, size: int) -> None:
+        old = self._sizes.get(address)
+        if old is None:
+            bisect.insort(self._starts, address)
+        else:
+            self.total -= old
+        self._sizes[address] = size
+        self.total += size
+
+    def pop(self, address: int, default: int | None = None) -> int | None:
+        size = self._sizes.pop(address, None)
+        if size is None:
+            return default
+        del self._starts[bisect.bisect_left(self._starts, address)]
+        self.total -= size
+        return size
+
+    def __delitem__(self, address: int) -> None:
+        if self.pop(address) is None:
+            raise KeyError(address)
+
+    def overlaps(self, address: int, size: int) -> bool:
+        """Whether ``[address, address + size)`` overlaps a mapping."""
+        i = bisect.bisect_left(self._starts, address + size) - 1
+        return i >= 0 and self._starts[i] + self._sizes[self._starts[i]] > address
+
+    def inside(self, address: int, length: int) -> int:
+        """How many mappings start inside ``[address, address + length)``."""
+        starts = self._starts
+        return bisect.bisect_left(starts, address + length) - bisect.bisect_left(starts, address)
+
+
 class TrackedBackend(CountedBackend):
     """Shared bookkeeping: live reservations, handles and mappings (for ``live()``)."""
 
@@ -278,7 +336,7 @@ class TrackedBackend(CountedBackend):
         self.calls = CallLog()
         self._reservations: dict[int, int] = {}
         self._handles: dict[int, int] = {}
-        self._mappings: dict[int, int] = {}
+        self._mappings = Mappings()
         self._bases: list[int] = []
 
     def live(self) -> LiveResources:
@@ -287,7 +345,7 @@ class TrackedBackend(CountedBackend):
             handles=len(self._handles),
             mappings=len(self._mappings),
             reserved_bytes=sum(self._reservations.values()),
-            mapped_bytes=sum(self._mappings.values()),
+            mapped_bytes=self._mappings.total,
         )
 
     def _check_reserved(self, call: str, address: int, size: int) -> None:

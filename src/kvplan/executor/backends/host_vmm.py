@@ -43,6 +43,7 @@ from kvplan.executor.backends.base import (
     check_unbacked,
     round_up,
 )
+from kvplan.executor.backends.latency import DeviceLatency, latency_from
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ class HostVmmBackend(TrackedBackend):
     (``madvise(MADV_POPULATE_WRITE)``, else touching them) instead of on first use.
     ``unbacked``: what an unmapped part of a reservation does when touched — ``"fault"``
     (``PROT_NONE``) or ``"scratch"`` (reads zeros, writes land in throwaway pages); see the module
-    docstring.
+    docstring. ``latency``: wait as a GPU would after each call (benchmarks only; default from
+    ``KVPLAN_HOST_VMM_LATENCY``, see :mod:`kvplan.executor.backends.latency`).
     """
 
     name = "host-vmm"
@@ -159,6 +161,7 @@ class HostVmmBackend(TrackedBackend):
         populate: bool = False,
         assume_zeroed: bool = True,
         unbacked: str = "fault",
+        latency: DeviceLatency | None = None,
     ) -> None:
         why = self.available()
         if why is not None:
@@ -184,6 +187,8 @@ class HostVmmBackend(TrackedBackend):
         self.fresh_memory_is_zero = assume_zeroed
         self.memfd_name = f"kvplan-{os.getpid()}-{next(_counter)}"
         self._c = _libc()
+        self.latency = latency if latency is not None else latency_from(os.environ)
+        """The emulated device's waits (``None``: host-vmm's own costs only)."""
 
     # -- address space -------------------------------------------------------------------
     def granularity(self) -> int:
@@ -213,9 +218,9 @@ class HostVmmBackend(TrackedBackend):
         length = self._reservations.get(address)
         if length is None:
             raise BackendCallError("munmap", f"{address:#x} is not a reservation")
-        inside = [a for a in self._mappings if address <= a < address + length]
+        inside = self._mappings.inside(address, length)
         if inside:
-            raise BackendCallError("munmap", f"{len(inside)} mappings still inside {address:#x}")
+            raise BackendCallError("munmap", f"{inside} mappings still inside {address:#x}")
         if self._c.munmap(address, length) != 0:
             raise BackendCallError("munmap", f"{address:#x}+{length}: {_errno_text()}")
         del self._reservations[address]
@@ -232,19 +237,24 @@ class HostVmmBackend(TrackedBackend):
             os.close(fd)
             raise BackendCallError("ftruncate", f"{size} bytes: {exc}") from exc
         self._handles[fd] = size
+        if self.latency is not None:
+            self.latency.charge("create", size)
         return fd
 
     def release(self, handle: Any) -> None:
-        if self._handles.pop(handle, None) is None:
+        size = self._handles.pop(handle, None)
+        if size is None:
             raise BackendCallError("close", f"fd {handle} is not a live handle")
         os.close(handle)
+        if self.latency is not None:
+            self.latency.charge("release", size)
 
     # -- mappings -------------------------------------------------------------------------
     def map(self, address: int, size: int, handle: Any) -> None:
         self._check_reserved("mmap(MAP_FIXED|MAP_SHARED)", address, size)
         if handle not in self._handles or self._handles[handle] < size:
             raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"bad handle {handle}")
-        if any(a < address + size and address < a + n for a, n in self._mappings.items()):
+        if self._mappings.overlaps(address, size):
             raise BackendCallError("mmap(MAP_FIXED|MAP_SHARED)", f"{address:#x} overlaps")
         flags = MAP_SHARED | MAP_FIXED
         got = self._c.mmap(address, size, PROT_NONE, flags, handle, 0)
@@ -253,12 +263,16 @@ class HostVmmBackend(TrackedBackend):
                 "mmap(MAP_FIXED|MAP_SHARED)", f"{address:#x}+{size}: {_errno_text()}"
             )
         self._mappings[address] = size
+        if self.latency is not None:
+            self.latency.charge("map", size)
 
     def set_access(self, address: int, size: int) -> None:
         if self._c.mprotect(address, size, PROT_RW) != 0:
             raise BackendCallError("mprotect", f"{address:#x}+{size}: {_errno_text()}")
         if self._populate and self._c.madvise(address, size, MADV_POPULATE_WRITE) != 0:
             ctypes.memset(address, 0, size)  # kernels before 5.14: fault the pages in
+        if self.latency is not None:
+            self.latency.charge("set_access", size)
 
     def unmap(self, address: int, size: int) -> None:
         if self._mappings.get(address) != size:
@@ -269,6 +283,8 @@ class HostVmmBackend(TrackedBackend):
         if self._c.mmap(address, size, self._unbacked_prot, flags, -1, 0) != address:
             raise BackendCallError("mmap(MAP_FIXED|PROT_NONE)", _errno_text())
         del self._mappings[address]
+        if self.latency is not None:
+            self.latency.charge("unmap", size)
 
     # -- data -----------------------------------------------------------------------------
     def zero(self, address: int, size: int) -> None:

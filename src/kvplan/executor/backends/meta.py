@@ -100,6 +100,6 @@ class MetaBackend(TrackedBackend):
         length = self._reservations.get(address)
         if length is None:
             raise BackendCallError("meta.free", f"{address:#x} is not reserved")
-        if any(address <= a < address + length for a in self._mappings):
+        if self._mappings.inside(address, length):
             raise BackendCallError("meta.free", f"mappings remain inside {address:#x}")
         del self._reservations[address]

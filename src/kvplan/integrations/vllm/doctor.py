@@ -143,11 +143,10 @@ def _check_plugin(report: Report) -> None:
                 "reinstall kvplan; another package may claim the name",
             )
         )
-    if not report.plugin_allowed:
+    if not report.plugin_allowed:  # vLLM cannot start with kvplan, enabled or not
         listed = ",".join(report.vllm_plugins or [])
-        make = error if report.settings.get("enabled") else warning
         report.problems.append(
-            make(
+            error(
                 Code.INTEGRATION,
                 "VLLM_PLUGINS",
                 f"VLLM_PLUGINS={listed!r} does not list '{NAME}': vLLM will not load the "

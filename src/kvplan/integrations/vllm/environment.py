@@ -34,6 +34,28 @@ def prepare_environment(quiet: bool = False) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TORCH_LOGS", "-all")
+        quiet_vllm_import()
+
+
+def quiet_vllm_import() -> None:
+    """Keep vLLM's import warnings out of kvplan's output; its errors still print.
+
+    vLLM imports its kernels lazily and, before its own logging is set up, warns through
+    Python's last-resort handler: on a machine without its CUDA kernels the first line a user
+    reads is ``Failed to import from vllm._C: ModuleNotFoundError(...)``, which is harmless
+    for ``inspect`` and ``doctor`` (they never run a kernel). A handler on the ``vllm`` logger
+    that prints errors only takes the last resort's place; vLLM's own logging set-up, when it
+    runs, replaces it.
+    """
+    import logging
+
+    log = logging.getLogger("vllm")
+    if log.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
 
 
 def require_vllm() -> None:

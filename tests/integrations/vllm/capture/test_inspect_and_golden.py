@@ -237,3 +237,23 @@ def test_every_catalog_model_has_a_golden_plan() -> None:
     from kvplan.catalog import entries
 
     assert {entry.slug for entry in entries()} <= {path.name for path in GOLDEN.iterdir()}
+
+
+def test_readme_command_1_prints_kvplans_output_first(tmp_path: Path) -> None:
+    """README command 1 as a new user runs it (no VLLM_* or KVPLAN_* settings, stdout and
+    stderr in one stream, not a terminal): kvplan's first line comes first — nothing from
+    vLLM's import before it (``Failed to import from vllm._C`` on a machine without CUDA)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "KVPLAN_"))}
+    env.pop("TORCH_LOGS", None)
+    env.pop("TRANSFORMERS_VERBOSITY", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplan", "inspect", GEMMA4],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{GEMMA4}  (catalog, Gemma4ForConditionalGeneration)", lines[:5]
+    assert not any("vllm._C" in line for line in lines), done.stdout

@@ -76,6 +76,7 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
         "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory",
         "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
         "vllm.v1.engine.core.EngineCore.shutdown",
+        "vllm.v1.engine.core.EngineCoreProc._handle_client_request",
         "vllm.v1.engine.core.generate_scheduler_kv_cache_config",
         "vllm.v1.core.sched.scheduler.Scheduler.__init__",
         "vllm.v1.core.sched.scheduler.Scheduler.schedule",

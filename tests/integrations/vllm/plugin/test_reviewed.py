@@ -98,11 +98,22 @@ def test_missing_reviewed_plan_refuses(
 ) -> None:
     case = model_case("llama")
     (tmp_path / "golden").mkdir()
+    with pytest.raises(KVPlanError) as info:  # no reviewed plan at all: refused at start
+        load_plugin("torch", plan_dir=tmp_path / "golden")
+    assert Code.REVIEWED_PLAN_MISSING in [d.code for d in info.value.diagnostics]
+    assert "holds no reviewed plan" in str(info.value) and not plugin.is_active()
+    _another_models_plan(tmp_path / "golden")
     load_plugin("torch", plan_dir=tmp_path / "golden")
     with pytest.raises(KVPlanError) as info:
         via_v2(case)
     assert Code.REVIEWED_PLAN_MISSING in [d.code for d in info.value.diagnostics]
     assert "rank0.plan.json does not exist" in str(info.value)
+
+
+def _another_models_plan(golden: Path) -> None:
+    """A golden tree that reviewed another model only (so this one's plan is missing)."""
+    (golden / "other__model").mkdir(parents=True)
+    (golden / "other__model" / "plan.json").write_text("{}")
 
 
 def test_plan_dir_that_is_not_a_directory_refuses_to_start(
@@ -123,7 +134,7 @@ def test_profiling_is_not_checked_against_the_reviewed_plan(
     from tests.integrations.vllm.plugin._runners import v1_full_runner
 
     case = model_case("llama")
-    (tmp_path / "golden").mkdir()
+    _another_models_plan(tmp_path / "golden")
     load_plugin("torch", plan_dir=tmp_path / "golden")
     runner = v1_full_runner(case, monkeypatch)
     runner.initialize_kv_cache(case.profiling_config(), is_profiling=True)

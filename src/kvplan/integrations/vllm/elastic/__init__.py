@@ -26,6 +26,7 @@ Unbacked memory reads as a scratch page (host-vmm: the zero page), never faults;
 
 from __future__ import annotations
 
+from kvplan.integrations.vllm.elastic._early import group_refusals
 from kvplan.integrations.vllm.elastic._mode import (
     ElasticMode,
     engine_floor,
@@ -83,6 +84,7 @@ __all__ = [
     "engine_floor",
     "engine_name",
     "geometry_digest",
+    "group_refusals",
     "make_elastic",
     "read_elastic_settings",
     "recover_failed_map",

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _group as group
+from kvplan.integrations.vllm.elastic import _reclaim as reclaim
 from kvplan.integrations.vllm.elastic import _recovery as recovery
 from kvplan.integrations.vllm.elastic import _refusals as refusals
+from kvplan.integrations.vllm.elastic import _unservable as unservable
 from kvplan.integrations.vllm.elastic import _worker as worker_state
 from kvplan.integrations.vllm.elastic._capacity import cpu_capacity, gpu_capacity, request_memory
 from kvplan.integrations.vllm.elastic._ops import OPS_ATTR, SEQ_ATTR, MapFailed, geometry_digest
@@ -65,6 +67,10 @@ class ElasticMode:
         """Engine core: this engine's membership of ``KVPLAN_GROUP`` (joined once sized)."""
         self.workers: list[worker_state.WorkerSide] = []
         """Worker: the elastic caches this process bound (closed when the engine shuts down)."""
+        self.engine_core: Any = None
+        """Engine core: the ``EngineCore`` being built (its executor reaches the workers)."""
+        self.watchers: list[reclaim.Watcher] = []
+        """Engine core: the threads that give memory back while vLLM does not step."""
 
     @classmethod
     def from_environment(
@@ -119,6 +125,7 @@ class ElasticMode:
             "elastic/schedule": self.schedule,
             "elastic/update-from-output": self.update_from_output,
             "elastic/sample-tokens": self.sample_tokens,
+            "elastic/client-request": self.client_request,
         }
 
     def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
@@ -169,6 +176,7 @@ class ElasticMode:
         """``EngineCore._initialize_kv_caches(vllm_config)``: the config the next handler needs
         to check the floor."""
         self.vllm_config = call.arguments["vllm_config"]
+        self.engine_core = call.arguments["self"]
         try:
             return call.run()
         finally:
@@ -246,6 +254,11 @@ class ElasticMode:
         except KVPlanError as exc:
             raise runtime.refuse(exc) from None
         make_elastic(pool, side)
+        if self.engine_core is not None and hasattr(self.engine_core, "model_executor"):
+            watcher = reclaim.Watcher(self.engine_core, scheduler, side)
+            side.watcher = watcher
+            self.watchers.append(watcher)
+            watcher.start()
         logger.info(
             "kvplan: elastic block pool: %d blocks, %d bytes reserved, limit %d, cache limit "
             "%d, reserve %d, chunk %d bytes",
@@ -256,38 +269,63 @@ class ElasticMode:
 
     def schedule(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
-        side = side_of(call.arguments["self"])
+        scheduler = call.arguments["self"]
+        side = side_of(scheduler)
         if side is None:
             return call.run()
-        side.before_schedule()
-        output = call.run()
-        ops = side.ops()
-        if ops is not None:
-            setattr(output, OPS_ATTR, ops)
-        setattr(output, SEQ_ATTR, side.seq)  # the operations sent so far: this step's output
-        return output  # confirms them (``update_from_output``)
+        with side.lock:
+            side.before_schedule(scheduler)
+            output = call.run()
+            side.stepping = True  # until its output arrives (``update_from_output``)
+            side.unservable_ids = unservable.pick(scheduler, side, output)
+            ops = side.ops()
+            if ops is not None:
+                setattr(output, OPS_ATTR, ops)
+            setattr(output, SEQ_ATTR, side.seq)  # the operations sent so far: this step's
+            return output  # output confirms them (``update_from_output``)
 
     def update_from_output(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.update_from_output``: a step whose maps failed becomes out of blocks."""
         scheduler = call.arguments["self"]
         side = side_of(scheduler)
         output = call.arguments["scheduler_output"]
-        ops = getattr(output, OPS_ATTR, None)
-        if side is not None and ops is not None:
-            report = recovery.report_of(call.arguments["model_runner_output"])
-            if report is not None and report.seq == ops.seq:
-                recovery.recover_failed_map(scheduler, side, report.failure())
-        result = call.run()
-        seq = getattr(output, SEQ_ATTR, None)
-        if side is not None and seq is not None:
-            has_requests = getattr(scheduler, "has_requests", None)
-            side.confirm(seq, idle=callable(has_requests) and not has_requests())
-        return result
+        if side is None:
+            return call.run()
+        with side.lock:
+            side.stepping = False
+            ops = getattr(output, OPS_ATTR, None)
+            if ops is not None:
+                report = recovery.report_of(call.arguments["model_runner_output"])
+                if report is not None and report.seq == ops.seq:
+                    recovery.recover_failed_map(scheduler, side, report.failure())
+            result = call.run()
+            if side.unservable_ids:
+                ids, side.unservable_ids = side.unservable_ids, []
+                result = unservable.finish(scheduler, side, ids, result)
+            seq = getattr(output, SEQ_ATTR, None)
+            if seq is not None:
+                has_requests = getattr(scheduler, "has_requests", None)
+                side.confirm(seq, idle=callable(has_requests) and not has_requests())
+            return result
+
+    def client_request(self, runtime: Runtime, call: Call) -> Any:
+        """``EngineCoreProc._handle_client_request``: the busy loop took a request off its
+        input queue; kvplan's own wake (``_reclaim.WAKE``) gives an idle engine's memory
+        back on the loop's thread, everything else is vLLM's."""
+        if call.arguments["request_type"] != reclaim.WAKE:
+            return call.run()
+        for watcher in self.watchers:
+            if watcher.engine_core is call.arguments["self"]:
+                watcher.handle()
+        return None
 
     def shutdown(self, runtime: Runtime, call: Call) -> Any:
         """``EngineCore.shutdown``: vLLM stops its workers; this process's elastic caches are
         closed (unmapped) and only then does the engine leave its group (unmap, then
         release: the grant never covers less than what is mapped)."""
+        for watcher in self.watchers:
+            watcher.stop()
+        self.watchers.clear()
         try:
             return call.run()
         finally:

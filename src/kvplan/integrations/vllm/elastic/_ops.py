@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 SCHEDULER_FIGURES = (
     "live_blocks", "cached_blocks", "limit_bytes", "cache_limit_bytes", "reserve_bytes",
-    "floor_bytes", "asked_limit_bytes",
+    "floor_bytes", "asked_limit_bytes", "over_limit_preemptions",
 )  # fmt: skip
 """The figures a worker reports from the scheduler's last :class:`ElasticOps`."""
 SEQ_ATTR = "kvplan_elastic_seq"
@@ -52,6 +52,9 @@ class ElasticOps:
     asked_limit_bytes: int | None = None
     """The limit asked (``KVPLAN_MEMORY_LIMIT`` or ``kvplan limit``; ``None``: the default);
     ``limit_bytes`` is the one in force (never below the floor)."""
+    over_limit_preemptions: int = 0
+    """Requests preempted so far because blocks in use exceeded the effective limit (a lowered
+    limit, another member's claim): :attr:`SchedulerSide.preempted`."""
 
 
 def sampled_blocks(num_blocks: int) -> list[int]:

@@ -10,6 +10,7 @@ _ops.ElasticOps`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +27,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.kvplan")
 
-GROW_ATTEMPTS = 3
-"""Group requests a step may make when admission is short (each one flock + ledger write)."""
-GROW_BLOCKS = 256
-"""At most this many blocks' worth is asked of the group at once (then a quarter, a quantum)."""
+ASK_BLOCKS = 256
+"""Blocks' worth asked of the group before the scheduler's demand is known."""
+ASK_SECONDS = 0.05
+"""A waiting member asks the group again at most this often (at most 20 ledger writes a
+second), and before that only for more than it asked last."""
+ASK_AGAIN_SECONDS = 1.0
+"""A refused ask is repeated after this long even when the ledger did not change (a dead
+member is reaped by the next accounting operation of any member)."""
+GROUP_RETRY_SECONDS = 2.0
+"""After the group's accounting failed, how often the engine looks at the group again."""
 LIMIT_POLL_SECONDS = 0.5
 """How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
 
@@ -74,13 +81,48 @@ class SchedulerSide:
         """With chunk-sharing ledgers: admission's count and pick (``_pool.index_free_queue``)."""
         self.group: GroupMember | None = None
         """The engine's membership of a group (``KVPLAN_GROUP``): its grant bounds the limit."""
-        self.grow_attempts = 0
-        """Group requests made in this step (at most :data:`GROW_ATTEMPTS`)."""
+        self.demand: int | None = None
+        """Blocks the scheduler's requests want in the next step (the waiting queue's first
+        prompt, a block per running request), from :func:`demand_blocks`: what a member
+        short of memory asks its group for (``None`` before the first step: up to
+        :data:`ASK_BLOCKS`)."""
+        self.asked = 0
+        """The bytes (in all) the last group ask wanted."""
+        self.refused = 0
+        """The last ask the group could not meet (0: none): repeated as :meth:`ask_group`
+        says."""
+        self._asked_at = 0.0
+        self._asked_stamp: object = None
+        self.preempted = 0
+        """Requests preempted because the engine was over its effective limit (a lowered
+        limit, another member's claim)."""
+        self.watcher: Any = None
+        """The engine core's ``_reclaim.Watcher`` of this side (``None`` in tests)."""
+        self.reserve_bytes = 0
+        """Bytes of free, uncached pages kept backed after the last trim or map ahead."""
+        self.ahead_version = -1
+        """:attr:`version` at the last map ahead (none again until the pool changed)."""
+        self.ahead_retry_at = 0.0
+        """After a map ahead failed: no map ahead before this (monotonic seconds)."""
+        self.stepping = False
+        """A step was scheduled and its output has not arrived yet (its operations may be
+        running on the workers): the reclaim of an idle engine waits for it."""
+        self.lock = threading.RLock()
+        """Held while the scheduler's state is read or changed by kvplan (around
+        ``schedule`` and ``update_from_output``, and by the reclaim of an idle engine, which
+        runs on another thread: ``_reclaim``)."""
         self.unconfirmed: dict[int, int] = {}
         """Bytes unbacked by the operations of step ``seq`` that no step's output has confirmed
         yet (the workers may not have unmapped them): still counted against the grant."""
         self.step_unbacked = 0
         self.group_failed = False
+        self.group_failed_at = 0.0
+        """When the group's accounting last started failing (monotonic seconds)."""
+        self.unservable_ids: list[str] = []
+        """Requests of the step just scheduled to finish with an error (``_unservable``)."""
+        self.unservable = 0
+        """Requests finished with an error because the engine could not serve them."""
+        self.group_retry_at = 0.0
         ledger.back([0])  # vLLM's null block: always backed (the workers map it at bind)
 
     # -- budget ---------------------------------------------------------------------------
@@ -93,43 +135,73 @@ class SchedulerSide:
         return limit
 
     # -- the group --------------------------------------------------------------------------
-    def grow(self, more: int) -> bool:
-        """Ask the group for ``more`` bytes beyond what is mapped (halving down to a quantum
-        when that much is not free; at most :data:`GROW_ATTEMPTS` requests a step). True
-        when the effective limit rose."""
+    def ask_group(self, want: int) -> bool:
+        """Ask the group for a grant of ``want`` bytes in all (its need: what is mapped plus
+        the blocks the requests want, see :meth:`free_count`). One ask per change: a refused
+        ask is repeated only for more bytes, or once the ledger changed (a release, a budget
+        change, a claim served) and :data:`ASK_SECONDS` passed, or after
+        :data:`ASK_AGAIN_SECONDS` -- so a waiting member writes the ledger at most 20 times a
+        second, and its claim stays what it needs. True when the effective limit rose."""
         group = self.group
         if group is None or self.group_failed:
             return False
         own = self.limit if self.ceiling is None else min(self.limit, self.ceiling)
-        before = group.effective_limit
-        ask = max(more, group.quantum)
-        while self.grow_attempts < GROW_ATTEMPTS:
-            want = min(own, self.ledger.mapped_bytes + ask)
-            if want <= group.effective_limit:
-                break
-            self.grow_attempts += 1
-            try:
-                if group.request(want):
-                    break
-            except KVPlanError as exc:
-                self.fail_group(exc)
+        want = min(own, max(want, self.ledger.mapped_bytes + group.quantum))
+        if want <= group.effective_limit:
+            return False
+        now = time.monotonic()
+        if want <= self.refused:
+            since = now - self._asked_at
+            if since < ASK_SECONDS:
                 return False
-            if ask <= group.quantum:
-                break
-            ask = max(group.quantum, ask // 4)
+            if since < ASK_AGAIN_SECONDS and group.stamp() == self._asked_stamp:
+                return False
+        before = group.effective_limit
+        self.asked, self._asked_at = want, now
+        try:
+            group.request(want)
+        except KVPlanError as exc:
+            self.fail_group(exc)
+            return False
+        self.refused = want if group.effective_limit < want else 0
+        self._asked_stamp = group.stamp()
         if group.effective_limit != before:
             self.version += 1
             return True
         return False
 
     def fail_group(self, exc: KVPlanError) -> None:
-        """The group's accounting cannot be reached any more: map nothing new (the grant is
-        all the engine has), say so once."""
+        """The group's accounting cannot be reached: map nothing new (the grant is all the
+        engine has), say so once, and look again every :data:`GROUP_RETRY_SECONDS` (another
+        member's bad file, once fixed, must not stop this one for the rest of its life)."""
+        self.group_retry_at = time.monotonic() + GROUP_RETRY_SECONDS
+        if self.group_failed:
+            return
         self.group_failed = True
+        self.group_failed_at = time.monotonic()
         logger.error(
-            "kvplan: the group's accounting failed (%s); this engine maps no new memory",
-            exc.diagnostics[0].render() if exc.diagnostics else exc,
-        )
+            "kvplan: the group's accounting failed (%s); this engine maps no new memory "
+            "until it can be reached again (looked at every %.0f s)",
+            exc.diagnostics[0].render() if exc.diagnostics else exc, GROUP_RETRY_SECONDS,
+        )  # fmt: skip
+
+    def retry_group(self) -> None:
+        """After a failure, once :attr:`group_retry_at` passed: one look at the group
+        (:meth:`GroupMember.check`: the lock, the ledger, this member's lease); the accounting
+        resumes when it succeeds."""
+        group = self.group
+        if group is None or not self.group_failed or time.monotonic() < self.group_retry_at:
+            return
+        try:
+            group.check()
+        except KVPlanError as exc:
+            self.fail_group(exc)
+            return
+        self.group_failed = False
+        self.refused = 0
+        self.dirty = True
+        self.version += 1
+        logger.info("kvplan: the group's accounting can be reached again; mapping resumes")
 
     def confirm(self, seq: int, *, idle: bool = False) -> None:
         """The output of the step scheduled after operations ``seq`` arrived: the workers ran
@@ -147,11 +219,14 @@ class SchedulerSide:
         mapped = self.ledger.mapped_bytes + sum(self.unconfirmed.values())
         try:
             if idle and not self.unconfirmed:
-                group.give_back(mapped)
+                freed = group.give_back(mapped)
             else:
-                group.release(mapped)
+                freed = group.release(mapped)
         except KVPlanError as exc:
             self.fail_group(exc)
+            return
+        if freed:
+            self.refused = 0  # the grant changed: a refused ask may be made again at once
 
     def tight(self) -> bool:
         """Whether the limit can bind at all (below the whole reservation)."""
@@ -173,12 +248,18 @@ class SchedulerSide:
             block = block.next_free_block
 
     def free_count(self, vanilla: int) -> int:
-        """:meth:`count_free`, after asking the group for more when its grant is what binds."""
+        """:meth:`count_free`, after asking the group for more when its grant is what binds:
+        for the bytes of the blocks the requests want (:attr:`demand`, at most vLLM's free
+        count) beyond what admission counts now, on top of the effective limit."""
         count = self.count_free(vanilla)
-        if count < vanilla and self.group is not None and self.grow_attempts < GROW_ATTEMPTS:
-            cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
-            if self.grow(min(vanilla - count, GROW_BLOCKS) * cost):
-                count = self.count_free(vanilla)
+        if count < vanilla and self.group is not None:
+            wanted = ASK_BLOCKS if self.demand is None else max(self.demand, 1)
+            short = min(vanilla, wanted) - count
+            if short > 0:
+                cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
+                want = max(self.effective_limit(), self.ledger.mapped_bytes) + short * cost
+                if self.ask_group(want):
+                    count = self.count_free(vanilla)
         return count
 
     def count_free(self, vanilla: int) -> int:
@@ -223,8 +304,10 @@ class SchedulerSide:
             return admit(self.ledger, self.free_ids(), headroom, wanted)
 
         chosen = pick()
-        if len(chosen) < wanted and self.grow((wanted - len(chosen)) * self.ledger.max_block_cost):
-            chosen = pick()
+        if len(chosen) < wanted:
+            short = (wanted - len(chosen)) * self.ledger.max_block_cost
+            if self.ask_group(max(self.effective_limit(), self.ledger.mapped_bytes) + short):
+                chosen = pick()
         return chosen
 
     def backed(self, block_ids: list[int]) -> None:
@@ -239,19 +322,35 @@ class SchedulerSide:
             self.dirty = True
 
     # -- between steps --------------------------------------------------------------------
-    def poll_limit(self) -> None:
-        """Pick up a new limit written by ``kvplan limit`` (at most every half second)."""
+    def _limit_file_stamp(self) -> float | None:
+        from kvplan.elastic.files import LIMIT_FILE
+
+        assert self.dump_dir is not None
+        try:
+            return (self.dump_dir / LIMIT_FILE).stat().st_mtime
+        except OSError:
+            return None
+
+    def limit_file_changed(self) -> bool:
+        """Whether ``limit.json`` changed since it was last read (one ``stat``)."""
+        if self.dump_dir is None:
+            return False
+        stamp = self._limit_file_stamp()
+        return stamp is not None and stamp != self._limit_stamp
+
+    def poll_limit(self, *, force: bool = False) -> None:
+        """Pick up a new limit written by ``kvplan limit`` (at most every half second, unless
+        ``force``)."""
         if self.dump_dir is None:
             return
         now = time.monotonic()
-        if now - self._limit_polled < LIMIT_POLL_SECONDS:
+        if not force and now - self._limit_polled < LIMIT_POLL_SECONDS:
             return
         self._limit_polled = now
-        from kvplan.elastic.files import LIMIT_FILE, read_limit
+        from kvplan.elastic.files import read_limit
 
-        try:
-            stamp = (self.dump_dir / LIMIT_FILE).stat().st_mtime
-        except OSError:
+        stamp = self._limit_file_stamp()
+        if stamp is None:
             return
         if stamp == self._limit_stamp:
             return
@@ -280,13 +379,18 @@ class SchedulerSide:
             self.limit, self.cache_limit,
         )  # fmt: skip
 
-    def before_schedule(self) -> None:
-        """Give memory back before the step allocates (see :func:`kvplan.elastic.ledger.trim`)."""
-        self.poll_limit()
-        self.grow_attempts = 0
+    def before_schedule(self, scheduler: Any = None, *, force_tick: bool = False) -> None:
+        """Before the step allocates: pick up a new limit, look at the group, give memory back
+        (see :func:`kvplan.elastic.ledger.trim`), and -- when blocks in use are still above
+        the effective limit (a lowered limit, another member's claim) -- preempt the newest
+        running requests until they fit (:func:`preempt_over_limit`), as vLLM does when it
+        runs out of blocks. ``force_tick``: look at the group and the limit file now (the
+        reclaim of an idle engine), not at most every tick."""
+        self.poll_limit(force=force_tick)
+        self.retry_group()
         if self.group is not None and not self.group_failed:
             try:
-                if self.group.tick():  # a new budget, a claim to serve, a claim served
+                if self.group.tick(force=force_tick):  # a budget, a claim to serve, served
                     self.dirty = True
                     self.version += 1
             except KVPlanError as exc:
@@ -295,9 +399,25 @@ class SchedulerSide:
             self.ceiling = None
             self.dirty = True
             logger.info("kvplan: elastic mapping resumes after the failed map")
+        if scheduler is not None and self.group is not None:
+            self.demand = demand_blocks(scheduler)
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
             return
+        self.trim()
+        if self.ledger.mapped_bytes > limit and scheduler is not None:
+            self.preempted += preempt_over_limit(scheduler, self)
+        if self.ledger.mapped_bytes > limit and not self._warned_over:
+            self._warned_over = True
+            logger.warning(
+                "kvplan: %d bytes are mapped for blocks in use, above the elastic limit of %d "
+                "bytes; no new memory is mapped until requests finish or are preempted",
+                self.ledger.mapped_bytes, limit,
+            )  # fmt: skip
+
+    def trim(self) -> None:
+        """Give back what the limits ask (:func:`kvplan.elastic.ledger.trim`): evict the cache
+        entries of the pages it frees, queue their unmaps for the next operations."""
         from kvplan.elastic.ledger import FreeBlock, trim
 
         pool = self.pool
@@ -310,21 +430,67 @@ class SchedulerSide:
         ]
         mapped = self.ledger.mapped_bytes
         result = trim(
-            self.ledger, free, limit=limit, cache_limit=self.cache_limit, reserve=self.reserve
+            self.ledger,
+            free,
+            limit=self.effective_limit(),
+            cache_limit=self.cache_limit,
+            reserve=self.reserve,
         )
         self.step_unbacked += mapped - self.ledger.mapped_bytes
         for b in result.evict:
             pool._maybe_evict_cached_block(blocks[b])
         self.pending_unmap.extend(result.unback)
         self.cached_blocks = sum(1 for f in free if f.cached) - len(result.evict)
+        self.reserve_bytes = result.reserve_bytes
         self.dirty = False
-        if self.ledger.mapped_bytes > limit and not self._warned_over:
-            self._warned_over = True
-            logger.warning(
-                "kvplan: %d bytes are mapped for blocks in use, above the elastic limit of %d "
-                "bytes; no new memory is mapped until requests finish or are preempted",
-                self.ledger.mapped_bytes, limit,
-            )  # fmt: skip
+
+    # -- mapping ahead (an idle engine: ``_reclaim``) ----------------------------------------
+    def wants_ahead(self) -> bool:
+        """The reserve is short and the limit has room: an idle engine should map ahead
+        (asked again only once the pool changed)."""
+        if self.reserve <= self.reserve_bytes or self.ahead_version == self.version:
+            return False
+        if self.ceiling is not None or time.monotonic() < self.ahead_retry_at:
+            return False
+        cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
+        return self.headroom() >= cost
+
+    def map_ahead(self) -> list[int]:
+        """Back free blocks ahead of need, up to the reserve (``KVPLAN_RESERVE``) and never
+        beyond the effective limit (the group's grant included): the blocks at the front of
+        vLLM's free queue, which it hands out next, so the next request's first blocks are
+        backed before it arrives. The blocks join the next operations' maps (the idle
+        engine's, sent to every rank between steps); vLLM's pool is not touched. The blocks
+        backed."""
+        from kvplan.elastic.ledger import admit
+
+        self.ahead_version = self.version
+        room = min(self.reserve - self.reserve_bytes, self.headroom())
+        if room <= 0 or self.ceiling is not None:
+            return []
+        blocks = self.pool.blocks
+        order = (b for b in self.free_ids() if b != 0 and blocks[b].block_hash is None)
+        picks = [b for b in admit(self.ledger, order, room) if b not in self.ledger.backed]
+        before = self.ledger.mapped_bytes
+        self.backed(picks)
+        self.reserve_bytes += self.ledger.mapped_bytes - before
+        self.ahead_version = self.version
+        return picks
+
+    def ahead_failed(self, blocks: tuple[int, ...], why: str) -> None:
+        """Mapping ahead failed on a rank (rolled back there; the ranks that mapped unmap
+        again): the blocks are unbacked, nothing used them; no map ahead for
+        ``KVPLAN_MAP_RETRY`` seconds."""
+        before = self.ledger.mapped_bytes
+        self.ledger.unback(blocks)
+        self.reserve_bytes = max(0, self.reserve_bytes - (before - self.ledger.mapped_bytes))
+        self.version += 1
+        self.ahead_retry_at = time.monotonic() + self.settings.map_retry
+        logger.warning(
+            "kvplan: mapping %d blocks ahead failed (%s); nothing used them, the engine maps "
+            "them when a step needs them and tries again in %.1f s",
+            len(blocks), why, self.settings.map_retry,
+        )  # fmt: skip
 
     def ops(self) -> ElasticOps | None:
         """The operations for the step just scheduled (``None`` when nothing changed)."""
@@ -332,7 +498,7 @@ class SchedulerSide:
         live = pool.num_gpu_blocks - 1 - pool.free_block_queue.num_free_blocks
         state = (
             live, self.cached_blocks, self.limit, self.cache_limit, self.reserve, self.floor,
-            self.asked_limit,
+            self.asked_limit, self.preempted,
         )  # fmt: skip
         if not self.pending_map and not self.pending_unmap and state == self._last_sent:
             return None
@@ -350,6 +516,7 @@ class SchedulerSide:
             digest=self.digest,
             floor_bytes=self.floor,
             asked_limit_bytes=self.asked_limit,
+            over_limit_preemptions=self.preempted,
         )
         self.pending_map, self.pending_unmap = [], []
         if self.step_unbacked:
@@ -357,3 +524,59 @@ class SchedulerSide:
             self.step_unbacked = 0
         self._last_sent = state
         return ops
+
+
+def demand_blocks(scheduler: Any) -> int:
+    """Blocks the scheduler's requests may want in the next step, for a group ask: the
+    prompts of the waiting requests the step could admit (up to ``max_num_seqs`` running, in
+    the waiting queue's order) in every KV cache group, and one block per group for each
+    running request (an upper bound: decode needs one every ``block_size`` tokens, a prefix
+    hit needs none)."""
+    config = getattr(scheduler, "kv_cache_config", None)
+    sizes = [int(g.kv_cache_spec.block_size) for g in getattr(config, "kv_cache_groups", ())]
+    if not sizes:
+        return 0
+    running = len(getattr(scheduler, "running", ()))
+    demand = running * len(sizes)
+    room = int(getattr(scheduler, "max_num_running_reqs", running + 1) or 0) - running
+    for request in getattr(scheduler, "waiting", ()):
+        if room <= 0:
+            break
+        room -= 1
+        tokens = int(getattr(request, "num_tokens", 0)) + 1
+        demand += sum(-(-tokens // size) for size in sizes)
+    return demand
+
+
+def preempt_over_limit(scheduler: Any, side: SchedulerSide) -> int:
+    """Blocks in use are mapped above the effective limit (cached and free pages are given
+    back already): preempt running requests, the newest first (the lowest priority under
+    the priority policy), as vLLM's ``schedule`` does when it runs out of blocks, until what
+    is mapped fits; each preemption frees its blocks, which :meth:`SchedulerSide.trim` gives
+    back (their cache entries first, when the cache limit or the budget needs it).
+    Preempted requests are recomputed later, from the prefix cache where it kept them. The
+    number preempted."""
+    running = scheduler.running
+    priority = str(getattr(getattr(scheduler, "policy", None), "name", "")).upper() == "PRIORITY"
+    limit = side.effective_limit()
+    count = 0
+    now = time.monotonic()
+    while running and side.ledger.mapped_bytes > limit:
+        if priority:
+            request = max(running, key=lambda r: (r.priority, r.arrival_time))
+            running.remove(request)
+        else:
+            request = running.pop()
+        scheduler._preempt_request(request, now)
+        discard = getattr(getattr(scheduler, "prev_step_scheduled_req_ids", None), "discard", None)
+        if discard is not None:
+            discard(request.request_id)
+        count += 1
+        side.changed()
+        side.trim()
+    if count:
+        logger.info(
+            "kvplan: %d requests preempted to get under the elastic limit of %d bytes "
+            "(%d mapped)", count, limit, side.ledger.mapped_bytes,
+        )  # fmt: skip
+    return count

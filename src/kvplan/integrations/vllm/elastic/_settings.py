@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvplan.executor.backends.latency import latency_from
 from kvplan.integrations.vllm.pipeline.settings import directory_setting, flag
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 
@@ -88,7 +89,8 @@ class ElasticSettings:
 
 
 def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
-    from kvplan.units import parse_size
+    """A byte size as every ``kvplan`` option reads one: at most 1 PiB (as ``kvplan limit``)."""
+    from kvplan.units import MAX_OPTION_BYTES, parse_size
 
     raw = env.get(name, "").strip()
     if not raw:
@@ -96,7 +98,7 @@ def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int 
     if raw == "0":
         return 0
     try:
-        return parse_size(raw)
+        return parse_size(raw, name, limit=MAX_OPTION_BYTES)
     except (ValueError, KVPlanError) as exc:
         problems.append(
             error(
@@ -140,6 +142,10 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
     poison, bad_poison = flag(env, ENV_POISON)
     if bad_poison is not None:
         problems.append(bad_poison)
+    try:  # read by host-vmm itself when it is created: refused here, before any engine starts
+        latency_from(env)
+    except KVPlanError as exc:
+        problems.extend(exc.diagnostics)
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
     fail = _map_number(env, ENV_DEBUG_FAIL_MAP, problems)
     retry = _seconds(env, ENV_MAP_RETRY, MAP_RETRY_SECONDS, MAP_RETRY_MAX, problems)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -13,13 +14,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvplan.elastic.files import HEARTBEAT_SECONDS
+from kvplan.elastic.files import HEARTBEAT_SECONDS, STEP_SECONDS_BUCKETS
 from kvplan.schemas.errors import KVPlanError
 
 logger = logging.getLogger("vllm.kvplan")
 
 STATS_PERIOD_SECONDS = 0.5
 """A worker writes its stats file at most this often while figures change."""
+
+
+def count_step(counts: dict[str, list[int]], kind: str, started: float) -> float:
+    """The seconds since ``started`` (``time.perf_counter()``), counted in ``counts[kind]``:
+    one step in the bucket of :data:`~kvplan.elastic.files.STEP_SECONDS_BUCKETS` it falls in
+    (the ``_seconds`` histograms of ``/metrics``). A bisection and an addition: step-path safe."""
+    seconds = time.perf_counter() - started
+    found = counts.get(kind)
+    if found is None:
+        found = counts[kind] = [0] * (len(STEP_SECONDS_BUCKETS) + 1)
+    found[bisect.bisect_left(STEP_SECONDS_BUCKETS, seconds)] += 1
+    return seconds
 
 
 def engine_name(dump_dir: Path | None) -> str:

@@ -22,6 +22,7 @@ from kvplan.integrations.vllm.elastic._ops import (
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
 from kvplan.integrations.vllm.elastic._stats import (
     StatsReporter,
+    count_step,
     engine_name,
     forget_exit_hook,
     on_exit_signal,
@@ -47,9 +48,11 @@ class WorkerSide:
     count: Counter[str] = field(default_factory=Counter)
     """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``rollbacks`` (chunks a failed map
     mapped and unmapped again: not unmaps, no block used them), ``steps`` (with operations),
-    ``map_calls``."""
+    ``map_calls`` (steps that mapped), ``ahead_calls`` (maps sent while the engine idled)."""
     seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
     """Time spent mapping (``map``) and unmapping (``unmap``)."""
+    step_counts: dict[str, list[int]] = field(default_factory=dict)
+    """Steps that mapped (``map``) / unmapped (``unmap``) by duration (:func:`count_step`)."""
     scheduler: dict[str, int | None] = field(default_factory=dict)
     """What the scheduler last said: ``live_blocks``, ``cached_blocks``, ``limit_bytes``,
     ``cache_limit_bytes``, ``reserve_bytes``."""
@@ -63,7 +66,12 @@ class WorkerSide:
     scheduler (``_recovery``)."""
     _reporter: StatsReporter | None = None
 
-    def apply(self, ops: ElasticOps) -> None:
+    def apply(self, ops: ElasticOps, *, between_steps: bool = False) -> None:
+        """Unmap, then map, ``ops`` (``MapFailed`` after a rolled-back map). ``between_steps``:
+        sent while the engine idles (``apply_between_steps``), not by a step. The test-only
+        ``KVPLAN_DEBUG_FAIL_MAP`` counts the maps of steps only (a failed map ahead is no
+        request's concern); ``KVPLAN_DEBUG_SKIP_MAP`` counts every map (a block mapped ahead
+        and left unbacked is used by a later step)."""
         if not self.checked:
             if ops.digest != self.digest:
                 raise refusals.elastic_geometry(self.label, ops.digest, self.digest)
@@ -73,25 +81,30 @@ class WorkerSide:
             before = sum(cache.mapped_chunks.values())
             t0 = time.perf_counter()
             cache.release_blocks(ops.unmap)
-            self.seconds["unmap"] += time.perf_counter() - t0
+            self.seconds["unmap"] += count_step(self.step_counts, "unmap", t0)
             self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
         blocks = ops.map
         failed: MapFailed | None = None
         if blocks:
-            self.count["map_calls"] += 1
-            if self.settings.skip_map == self.count["map_calls"]:  # test-only: break it on purpose
+            self.count["ahead_calls" if between_steps else "map_calls"] += 1
+            injecting = not between_steps  # KVPLAN_DEBUG_FAIL_MAP: the N-th map of a step
+            every_map = self.count["map_calls"] + self.count["ahead_calls"]
+            if self.settings.skip_map == every_map:  # test-only: the N-th map of any kind
                 droppable = [b for b in blocks if b != 0]
-                if droppable:
-                    blocks = tuple(b for b in blocks if b != droppable[-1])
+                if droppable:  # the first: a map ahead lists what vLLM hands out next first
+                    blocks = tuple(b for b in blocks if b != droppable[0])
                     logger.warning(
                         "kvplan: %s skips mapping block %d (KVPLAN_DEBUG_SKIP_MAP)",
-                        self.label, droppable[-1],
+                        self.label, droppable[0],
                     )  # fmt: skip
             before = sum(cache.mapped_chunks.values())
             rolled = cache.rolled_back_chunks
             t0 = time.perf_counter()
             try:
-                self._map(blocks)
+                if injecting:
+                    self._map(blocks)
+                else:
+                    cache.ensure_mapped(blocks)
             except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
                 self.count["failed_maps"] += 1
                 self.count["rollbacks"] += cache.rolled_back_chunks - rolled
@@ -99,9 +112,9 @@ class WorkerSide:
             else:
                 self.count["maps"] += sum(cache.mapped_chunks.values()) - before
             finally:
-                self.seconds["map"] += time.perf_counter() - t0
+                self.seconds["map"] += count_step(self.step_counts, "map", t0)
         self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
-        self.count["steps"] += 1
+        self.count["idle_ops" if between_steps else "steps"] += 1
         self.state = "running"
         self.touch()
         if failed is not None:
@@ -173,6 +186,7 @@ class WorkerSide:
             },
             map_seconds=round(self.seconds["map"], 6),
             unmap_seconds=round(self.seconds["unmap"], 6),
+            **{f"{k}_seconds_buckets": list(n) for k, n in list(self.step_counts.items())},
         )
 
     def start_reporting(self) -> None:
@@ -261,3 +275,23 @@ def detach_cache(cache: BoundKVCache) -> None:
         sides = [_WORKERS.pop(k) for k in found]
     for side in sides:
         side.closed()
+
+
+def apply_between_steps(worker: Any, ops: ElasticOps) -> str | None:
+    """Apply ``ops`` on ``worker`` outside a step: what the engine core sends every rank
+    through vLLM's ``collective_rpc`` while the engine idles -- unmaps of what it gives back,
+    maps of the blocks it maps ahead (the rank runs it in its RPC order, so every step
+    scheduled before it has run). ``None`` when done; the failure's first line when a map
+    failed (rolled back: none of ``ops.map`` is resident here)."""
+    side = worker_of(getattr(worker, "model_runner", None))
+    if side is None:
+        raise KVPlanError(
+            refusals.elastic_unsupported(
+                "this worker received elastic operations but bound no elastic KV cache"
+            )
+        )
+    try:
+        side.apply(ops, between_steps=True)
+    except MapFailed as exc:
+        return refusals.first_message(exc.error)
+    return None

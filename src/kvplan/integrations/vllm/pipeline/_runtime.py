@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.pipeline import _watch, refusals
 from kvplan.integrations.vllm.pipeline._lifetime import keep, release_owner
+from kvplan.integrations.vllm.pipeline.announce import announce
 from kvplan.integrations.vllm.pipeline.settings import Settings
 from kvplan.schemas.errors import Findings, KVPlanError
 
@@ -277,9 +278,10 @@ class Runtime:
         return self._readers[qualname]
 
     def refuse(self, error: KVPlanError) -> KVPlanError:
-        """Count a refusal; return it for raising, led by ``KVP501`` (``refusals.led``)."""
+        """Count a refusal; return it for raising, led by ``KVP501`` (``refusals.led``) and
+        logged once as a block of its own, before vLLM's traceback (``announce``)."""
         self.stats["refused"] += 1
-        return refusals.led(error, self.vllm_version)
+        return announce(refusals.led(error, self.vllm_version))
 
     # -- allocate_kv_cache ----------------------------------------------------------------
 

@@ -82,6 +82,7 @@ def _activate() -> None:
     import vllm
 
     from kvplan.integrations.vllm.pipeline import HANDLERS, Runtime, refusals
+    from kvplan.integrations.vllm.pipeline.announce import announce
     from kvplan.integrations.vllm.plugin._preflight import preflight
     from kvplan.schemas.errors import KVPlanError
 
@@ -89,18 +90,20 @@ def _activate() -> None:
     try:
         found = preflight(vllm_version=version)
     except KVPlanError as exc:
-        raise refusals.plugin_refused(version, exc.diagnostics) from None
+        raise announce(refusals.plugin_refused(version, exc.diagnostics)) from None
     except Exception as exc:  # whatever it is, vLLM sees kvplan's refusal, not a traceback
         problem = refusals.internal(exc, "kvplan.integrations.vllm.plugin")
-        raise refusals.plugin_refused(version, [problem]) from exc
+        raise announce(refusals.plugin_refused(version, [problem])) from exc
     settings, mode, adapter = found.settings, found.mode, found.adapter
+    if not found.problems and settings.enabled:  # a group member refused before vLLM loads
+        found.problems.extend(_group_refusals(mode, settings))
     handlers = {**HANDLERS, **mode.handlers()}
     for resolved in found.resolved:
         name = resolved.target.handler
         if resolved.target.patched and (name is None or name not in handlers):
             found.problems.append(refusals.no_handler(resolved.target.name, name, mode.name))
     if found.problems:
-        raise refusals.plugin_refused(version, found.problems)
+        raise announce(refusals.plugin_refused(version, found.problems))
     if not settings.enabled or adapter is None:
         return
     readers = {r.target.qualname: r.value for r in found.resolved if not r.target.patched}
@@ -118,6 +121,16 @@ def _activate() -> None:
         _restore(state)
         raise
     _STATE = state
+
+
+def _group_refusals(mode: Any, settings: Settings) -> list[Diagnostic]:
+    """What an elastic engine's group join would refuse, found as the plugin registers:
+    before vLLM loads the model (``elastic._early``)."""
+    from kvplan.integrations.vllm.elastic import ElasticMode, group_refusals
+
+    if not isinstance(mode, ElasticMode):
+        return []
+    return group_refusals(mode.settings, settings.dump_dir)
 
 
 def preflight(

@@ -12,14 +12,23 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvplan.integrations.vllm import versions
-from kvplan.integrations.vllm.elastic import ElasticMode
+from kvplan.integrations.vllm.elastic import ElasticMode, read_elastic_settings
 from kvplan.integrations.vllm.pipeline import EagerMode, Mode
 from kvplan.integrations.vllm.pipeline import refusals as refusals
-from kvplan.integrations.vllm.pipeline.settings import Settings, prepare_dump_dir, read_settings
-from kvplan.schemas.errors import Diagnostic
+from kvplan.integrations.vllm.pipeline.settings import (
+    ENV_PLAN_DIR,
+    Settings,
+    prepare_dump_dir,
+    read_settings,
+)
+from kvplan.schemas.errors import Code, Diagnostic, error
+
+GOLDEN_PLAN = "plan.json"
+"""The reviewed plan of rank 0 as ``kvplan golden`` names it (see ``pipeline._reviewed``)."""
 
 
 def _eager(env: Mapping[str, str], settings: Settings) -> tuple[Mode, list[Diagnostic]]:
@@ -54,10 +63,63 @@ class Preflight:
 
 
 def read_mode(env: Mapping[str, str]) -> tuple[Settings, Mode, list[Diagnostic]]:
-    """The plugin's settings and mode from ``env``, with every problem in either."""
+    """The plugin's settings and mode from ``env``, with every problem in any setting: the
+    one validation of ``KVPLAN_*`` (the plugin's ``register()`` and ``kvplan doctor`` both
+    run it). A malformed elastic setting is refused in eager mode too (it would silently do
+    nothing), and ``KVPLAN_PLAN_DIR`` must hold a reviewed plan."""
     settings, problems = read_settings(env, tuple(MODES))
     mode, mode_problems = MODES[settings.mode](env, settings)
-    return settings, mode, [*problems, *mode_problems]
+    problems = [*problems, *mode_problems]
+    if settings.mode != "elastic":
+        problems.extend(read_elastic_settings(env)[1])
+    if settings.plan_dir is not None and not any(p.location == ENV_PLAN_DIR for p in problems):
+        problems.extend(_plan_dir_problems(settings.plan_dir, env.get(ENV_PLAN_DIR, "")))
+    return settings, mode, problems
+
+
+MAX_PLAN_DIR_ENTRIES = 1024
+"""Most entries of ``KVPLAN_PLAN_DIR`` looked at for a model's folder of reviewed plans."""
+
+
+def _holds_plans(folder: Path) -> bool:
+    try:
+        if (folder / GOLDEN_PLAN).is_file():
+            return True
+        with os.scandir(folder) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_PLAN_DIR_ENTRIES:
+                    return False
+                if entry.name.startswith("rank") and entry.name.endswith(".plan.json"):
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def _plan_dir_problems(plan_dir: Path, raw: str) -> list[Diagnostic]:
+    """``KVP504`` unless ``plan_dir`` is a model's folder of reviewed plans or holds one
+    (``/proc`` or an empty directory is neither: every worker would refuse to bind)."""
+    if _holds_plans(plan_dir):
+        return []
+    try:
+        with os.scandir(plan_dir) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_PLAN_DIR_ENTRIES:
+                    break
+                if entry.is_dir(follow_symlinks=False) and _holds_plans(Path(entry.path)):
+                    return []
+    except (OSError, ValueError):
+        pass
+    return [
+        error(
+            Code.REVIEWED_PLAN_MISSING,
+            ENV_PLAN_DIR,
+            f"{ENV_PLAN_DIR}={raw.strip()[:80]!r} holds no reviewed plan (no {GOLDEN_PLAN} "
+            "or rank<N>.plan.json in it or in a model's folder below it): every worker would "
+            "refuse to bind.",
+            f"point {ENV_PLAN_DIR} at a directory `kvplan golden add` wrote, or unset it",
+        )
+    ]
 
 
 def preflight(

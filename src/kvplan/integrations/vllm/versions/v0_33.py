@@ -145,6 +145,12 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (0.29-0.31: v0_31.ELASTI
         "in another process", "elastic/sample-tokens", None, ("sample_tokens",),
     ),
     Target(
+        "vllm.v1.engine.core", "EngineCoreProc._handle_client_request",
+        ("self", "request_type", "request"), ELASTIC,
+        "elastic: the busy loop wakes for kvplan's reclaim of an idle engine (memory given "
+        "back without a step) and runs it on its own thread", "elastic/client-request",
+    ),
+    Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
         ("self", "scheduler_output", "model_runner_output"),
         ELASTIC, "elastic: a step whose maps failed preempts the requests that used them",

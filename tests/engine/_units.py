@@ -1,0 +1,50 @@
+"""How the engine tests share the suite's two pytest-xdist workers (``-n 2``).
+
+Each unit runs on one worker, its files one after the other in :data:`ENGINE_UNITS`' order;
+the two ``steady`` units start at once, one per worker, and the rest of the suite fills
+whichever worker is free. ``timed`` -- the tests that bound seconds (a reclaim within one
+tick, a scrape within a refresh) -- starts only once every other test is done, so it has
+the machine to itself (``tests/conftest.py``'s scheduler holds it back). Files that share a
+session fixture's engines (``engine_run``) are in one unit. A test file not named here joins
+``steady-servers``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ENGINE_UNITS: dict[str, tuple[str, ...]] = {
+    "engine:steady-drivers": (
+        "test_differential", "test_inspect_releases", "test_engines", "test_reviewed_plans",
+        "test_tensor_parallel",
+    ),
+    "engine:steady-servers": (
+        "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_multiprocessing",
+        "test_failed_map_multiprocess", "test_openai_server", "test_unservable", "test_soak",
+    ),
+    "engine:timed": ("test_colocation", "test_reclaim", "test_metrics"),
+}  # fmt: skip
+TIMED = "engine:timed"
+DEFAULT_UNIT = "engine:steady-servers"
+ENGINE_DIR = "tests/engine/"
+ORDER = tuple(name for names in ENGINE_UNITS.values() for name in names)
+
+
+def unit_of(nodeid: str) -> str | None:
+    """The engine unit of a test (its node id, relative to the rootdir), ``None`` for a test
+    outside ``tests/engine/``."""
+    if not nodeid.startswith(ENGINE_DIR):
+        return None
+    stem = Path(nodeid.split("::", 1)[0]).stem
+    for unit, names in ENGINE_UNITS.items():
+        if stem in names:
+            return unit
+    return DEFAULT_UNIT
+
+
+def rank(nodeid: str) -> tuple[int, int]:
+    """Where an engine test runs in the suite's order: its unit, then its file."""
+    unit = unit_of(nodeid) or DEFAULT_UNIT
+    stem = Path(nodeid.split("::", 1)[0]).stem
+    place = ORDER.index(stem) if stem in ORDER else len(ORDER)
+    return list(ENGINE_UNITS).index(unit), place

@@ -1,0 +1,54 @@
+"""A group member the group cannot take is refused as the plugin registers — before vLLM
+loads a model — with the join's own ``KVP542`` (led by ``KVP501``), and nothing patched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvplan.elastic.group import GroupMember, set_budget
+from kvplan.integrations.vllm import plugin
+from kvplan.integrations.vllm.pipeline.announce import HEADING, RULE, text_of
+from kvplan.schemas.errors import Code, KVPlanError
+from tests.integrations.vllm.plugin.conftest import LoadPlugin
+
+MiB = 1 << 20
+
+
+def test_a_guarantee_that_cannot_fit_refuses_at_registration(
+    load_plugin: LoadPlugin,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    group = tmp_path / "group"
+    group.mkdir()
+    set_budget(group, 8 * MiB, create=True)
+    members = [GroupMember.join(group, n, floor=MiB, ceiling=8 * MiB, guarantee=4 * MiB)
+               for n in ("a", "b")]  # fmt: skip
+    try:
+        with pytest.raises(KVPlanError) as late:
+            GroupMember.join(group, "third", floor=MiB, ceiling=8 * MiB, guarantee=MiB)
+        monkeypatch.setenv("KVPLAN_GROUP", str(group))
+        monkeypatch.setenv("KVPLAN_ENGINE_NAME", "third")
+        monkeypatch.setenv("KVPLAN_GROUP_GUARANTEE", str(MiB))
+        with pytest.raises(KVPlanError) as early:
+            load_plugin("host-vmm", mode="elastic")
+        codes = [d.code for d in early.value.diagnostics]
+        assert codes == [Code.INTEGRATION, Code.GROUP_GUARANTEES_EXCEED_BUDGET]
+        assert early.value.diagnostics[1].render() == late.value.diagnostics[0].render()
+        assert not plugin.is_active()
+        # logged once, as a block of its own, before anything vLLM prints of the error
+        block = f"{HEADING}\n{RULE}\n{text_of(early.value)}\n{RULE}"
+        assert caplog.text.count(HEADING) == 1 and block in caplog.text
+        with pytest.raises(KVPlanError):
+            load_plugin("host-vmm", mode="elastic")  # the same refusal again: not logged again
+        assert caplog.text.count(HEADING) == 1
+        members[1].leave()
+        monkeypatch.setenv("KVPLAN_GROUP_GUARANTEE", str(4 * MiB))
+        load_plugin("host-vmm", mode="elastic")
+        assert plugin.is_active()
+    finally:
+        for member in members:
+            member.leave()
