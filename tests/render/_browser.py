@@ -3,10 +3,15 @@
 Chromium comes from the Debian packages (``apt-get install -y chromium``). When it is missing,
 :func:`ensure_chromium` installs it (as root, after ``apt-get update`` if the first attempt
 fails) with a progress message; it raises with the reason when it cannot — never a skip.
+The check and the install run under one lock file, so the suite's xdist workers (each opens the
+session fixture) install once, one after the other, instead of racing for dpkg's lock; apt-get
+itself waits for a dpkg lock held by anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import html as html_module
 import json
 import os
@@ -16,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +57,48 @@ def _say(message: str) -> None:
     stream.flush()
 
 
+#: How long apt-get waits for a dpkg lock another process holds (seconds).
+DPKG_LOCK_WAIT_S = 900
+
+
 def _apt(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     return subprocess.run(
-        ["apt-get", *args], capture_output=True, text=True, env=env, timeout=1800, check=False
+        ["apt-get", "-o", f"DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S}", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
     )
+
+
+def lock_path() -> Path:
+    """The lock file every test process takes before it looks for Chromium or installs it."""
+    return Path(tempfile.gettempdir()) / "kvplan-tests-chromium.lock"
+
+
+@contextlib.contextmanager
+def _provision_lock() -> Iterator[None]:
+    with open(lock_path(), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def ensure_chromium() -> str:
     """The Chromium executable, installed with apt-get first when it is missing."""
     found = find_chromium()
+    if found:
+        return found
+    with _provision_lock():
+        return _install()
+
+
+def _install() -> str:
+    found = find_chromium()  # another test process may have installed it while this one waited
     if found:
         return found
     if shutil.which("apt-get") is None:
