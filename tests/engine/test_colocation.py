@@ -406,8 +406,11 @@ def test_a_member_whose_guarantee_does_not_fit_is_refused(scenario: Scenario) ->
     gemma = scenario.served("gemma")
     load = [r for r in gemma["requests"].values() if r["arrival"] >= scenario.phase_starts["load"]]
     assert load and all("finished" in r for r in load)
-    during = [s for s in gemma["steps"] if big["started"] <= s["t"] <= big["ended"]]
-    assert sum(sum(s["scheduled"].values()) for s in during) > 0
+    # and gemma kept scheduling after the refusal began. The refusal now comes at plugin load, in
+    # about a second, so the window between big's start and its end can hold no step of gemma's
+    # trickle at all (a fresh machine's CI run); what matters is that gemma went on serving.
+    after = [s for s in gemma["steps"] if s["t"] >= big["started"]]
+    assert sum(sum(s["scheduled"].values()) for s in after) > 0
 
 
 # -- refused before the model loads (an engine of its own, not the scenario's) ------------------
