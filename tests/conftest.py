@@ -1,12 +1,100 @@
 """Suite-wide settings: vLLM runs on the CPU platform, offline."""
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from tests import _deadline
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's main process (the xdist controller, before its workers start) gives
+    this run the id that marks every engine process the tests start."""
+    if not hasattr(config, "workerinput"):
+        from tests.engine import _leftovers
+
+        _leftovers.start_run()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """What the machine has, at the top of the output (a CI log may keep only its ends)."""
+    import shutil
+
+    pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    free = shutil.disk_usage(config.rootpath).free
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"machine: {os.cpu_count()} cores, {pages * page / 2**30:.1f} GiB memory, "
+        f"{free / 2**30:.1f} GiB free on the checkout's disk, load {load}"
+    )
+
+
+_DEADLINE = _deadline.TestDeadline()
+_WATCH: list[_deadline.Silence] = []
+_SCHEDULER: list[Any] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Every test's call runs under a deadline (``tests/_deadline.py``)."""
+    _DEADLINE.arm(item.nodeid)
+    try:
+        yield
+    finally:
+        _DEADLINE.disarm()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The xdist controller watches for a session that stops moving (``tests/_deadline``)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("dsession"):
+        return
+    from tests.engine import _leftovers
+
+    def write(text: str) -> None:
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(text)
+
+    def state() -> str:
+        return _SCHEDULER[0].describe() if _SCHEDULER else "(no scheduler yet)"
+
+    def reap() -> None:
+        left = _leftovers.reap(os.environ.get(_leftovers.RUN_VAR, ""), grace=0)
+        write(f"killed {len(left)} engine processes of this run")
+
+    _WATCH.append(_deadline.Silence(write=write, state=state, on_fire=reap).start())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for watch in _WATCH:
+        watch.heard()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In the main process, once every test is done: no engine process is left (vLLM's
+    engine cores and workers, a second node's tree, Ray's daemons); any that outlives a grace
+    is killed, and fails the run."""
+    from tests.engine import _leftovers
+
+    for watch in _WATCH:
+        watch.stop()
+    if hasattr(session.config, "workerinput") or _leftovers.MARK_VAR in os.environ:
+        return  # an xdist worker, or a pytest an engine test started (in an engine venv)
+    left = _leftovers.reap(os.environ.get(_leftovers.RUN_VAR, ""))
+    if left:
+        lines = "\n".join(f"  {pid}: {line}" for pid, line in sorted(left.items()))
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"engine processes outlived the suite (killed now):\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)  # an engine venv's pytest has no xdist
@@ -63,4 +151,24 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
             if not any(self._pending(n) for n in others):
                 super()._reschedule(self.keeper)
 
-    return EngineUnits(config, log)
+        def describe(self) -> str:
+            """What each worker holds and what waits (for a session that stopped moving)."""
+            lines = []
+            for node in self.nodes:
+                held = [
+                    nodeid
+                    for unit in self.assigned_work.get(node, {}).values()
+                    for nodeid, done in unit.items()
+                    if not done
+                ]
+                down = " (stopping)" if node.shutting_down else ""
+                first = ", ".join(held[:3])
+                lines.append(f"  worker {node.gateway.id}{down} holds {len(held)}: {first}")
+            queued = list(self.workqueue)
+            keeper = self.keeper.gateway.id if self.keeper is not None else "none"
+            lines.append(f"  waiting: {len(queued)} units {queued[:3]}; timed unit keeper {keeper}")
+            return "\n".join(lines)
+
+    scheduler = EngineUnits(config, log)
+    _SCHEDULER.append(scheduler)
+    return scheduler

@@ -77,7 +77,12 @@ def test_an_idle_worker_keeps_writing_its_heartbeat(tmp_path: Path) -> None:
 def test_a_signal_leaves_a_closed_snapshot(tmp_path: Path, sig: int) -> None:
     proc = _start(tmp_path)
     proc.send_signal(sig)
-    proc.wait(timeout=30)
+    try:  # the last snapshot is fsynced: a disk busy with write-back can take seconds
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"still running 120 s after signal {sig}; stats {_stats(tmp_path)}; {err}")
     assert proc.returncode != 0  # the signal still ended the process as before
     assert _stats(tmp_path)["state"] == "closed"
 

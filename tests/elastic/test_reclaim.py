@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvplan.elastic.group import read_snapshot, set_budget
@@ -248,6 +248,10 @@ def test_the_busy_loop_is_woken_through_its_input_queue() -> None:
 
 
 @settings(max_examples=60, deadline=None)
+# found by CI: nine blocks given out and freed with no step between, then a reclaim: block 9
+# was in the operations' maps *and* unmaps (the workers unmap first, so it stayed mapped
+# there while the ledger counted it unbacked); ``SchedulerSide.queue`` nets them now
+@example(events=[("alloc", 16), ("alloc", 29), ("free", 9), ("free", 0)])
 @given(
     st.lists(
         st.tuples(

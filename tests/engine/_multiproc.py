@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.engine._models import BLOCK_SIZE
+from tests.engine._nodes import LOOPBACK_ENV
 from tests.engine.cases import ENGINE_ARGS
 from tests.engine.harness import EngineRun, Variant, run_engines
 
@@ -32,6 +33,14 @@ ENGINE: dict[str, Any] = {
     "num_gpu_blocks_override": NUM_BLOCKS,
 }
 TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+NODE0_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+"""Two nodes: each node's one worker on a core of its own (node 1's: ``_nodes``)."""
+PP_COMPILE: dict[str, Any] = {"compilation_config": {"mode": 2, "backend": "eager"}}
+"""Pipeline parallelism on vllm-cpu 0.32 needs vLLM's warm-up run: a later stage allocates
+its buffer of intermediate tensors there, and the CPU runner skips the warm-up under
+``enforce_eager`` (compilation mode NONE): the stage then asserts ``self.intermediate_tensors
+is not None`` on its first step, vanilla vLLM as much as kvplan. Mode 2 (``DYNAMO_TRACE_ONCE``)
+with dynamo's ``eager`` backend runs the warm-up and generates no code."""
 
 _A = [(7 * i) % 500 + 3 for i in range(80)]
 _C = [(13 * i) % 500 + 5 for i in range(72)]
@@ -59,12 +68,20 @@ def run_mp(
     work: Path,
     *,
     tp: int = 1,
+    pp: int = 1,
+    nodes: int = 1,
     max_tokens: int = MAX_TOKENS,
     engine: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
-    timeout: float = 3600,
+    timeout: float = 1100,
 ) -> EngineRun:
-    """Every variant's engine in one driver process, on vLLM's multiprocess executor."""
+    """Every variant's engine in one driver process, on vLLM's multiprocess executor (TP x
+    PP ranks over ``nodes`` nodes)."""
+    parallel: dict[str, Any] = {"tensor_parallel_size": tp}
+    if pp > 1:
+        parallel.update(pipeline_parallel_size=pp, enforce_eager=False, **PP_COMPILE)
+    one_node = TP2_ENV if tp * pp == 2 else {}
+    bind = {**NODE0_ENV, **LOOPBACK_ENV} if nodes > 1 else one_node
     return run_engines(
         python,
         model,
@@ -72,11 +89,12 @@ def run_mp(
         work,
         prompts=PROMPTS,
         batches=ROUNDS,
-        engine={**ENGINE, "tensor_parallel_size": tp, **(engine or {})},
+        engine={**ENGINE, **parallel, **(engine or {})},
         max_tokens=max_tokens,
         multiprocessing=True,
-        extra_env={**(TP2_ENV if tp == 2 else {}), **(extra_env or {})},
+        extra_env={**bind, **(extra_env or {})},
         timeout=timeout,
+        nodes=nodes,
     )
 
 

@@ -19,8 +19,7 @@ from tests.engine._weights import write_weights
 from tests.engine.cases import MODEL_CASES, run_model_case
 
 _HERE = Path(__file__).resolve().parent
-_RUNS: dict[tuple[str, str], harness.EngineRun] = {}
-_FAILED: dict[tuple[str, str], str] = {}
+_RUNS = harness.RunsOnce()
 _PYTHONS: dict[str, Path] = {}
 _BROKEN_VENVS: dict[str, str] = {}
 
@@ -101,22 +100,16 @@ def engine_run(
     report = _reporter(pytestconfig)
 
     def get(model: str, release: str = harness.DEFAULT_RELEASE) -> harness.EngineRun:
-        key = (release, model)
-        if key in _FAILED:  # a failed model fails each of its tests, without a rerun
-            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[key]}")
-        if key not in _RUNS:
+        def make() -> harness.EngineRun:
             python = engine_python_of(release)
             count = len(MODEL_CASES[model].variants(Path()))
             report(f"engine: vLLM {release} {model}: {count} engines ...")
             work = tmp_path_factory.mktemp(f"engine-{release}-{model}")
-            try:
-                run = run_model_case(python, model, work, release)
-            except AssertionError as exc:
-                _FAILED[key] = str(exc)
-                raise
+            run = run_model_case(python, model, work, release)
             report(f"engine: vLLM {release} {model} done in {run.seconds:.0f} s")
-            _RUNS[key] = run
-        return _RUNS[key]
+            return run
+
+        return _RUNS.get((release, model), make)  # a failed model fails each of its tests
 
     return get
 

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 _KVPLAN_VARS = (
@@ -276,16 +277,12 @@ def _collected_llm_shuts_down() -> bool:
     return (major, minor) >= (0, 31)
 
 
-def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from kvplan.integrations.vllm import plugin
-
+def variant_setup(job: dict[str, Any], variant: dict[str, Any]) -> tuple[dict[str, str], Any]:
+    """A variant's ``KVPLAN_*`` environment and its engine options (with the test hooks'
+    worker class under multiprocessing)."""
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
-    multiprocess = bool(job.get("multiprocessing"))
     engine = {**job["engine"], **variant.get("engine", {})}
-    if multiprocess:
+    if job.get("multiprocessing"):
         if variant.get("idle_step"):
             raise SystemExit("driver: idle_step needs the in-process engine core")
         hooks = ",".join(h for h in (env.get(HOOKS_ENV, ""), worker_hooks(variant)) if h)
@@ -293,6 +290,42 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
             env[HOOKS_ENV] = hooks
             engine["worker_cls"] = "_worker_hooks.HookedWorker"
         engine.setdefault("disable_log_stats", False)  # vllm:num_preemptions
+    return env, engine
+
+
+def run_on_nodes(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    """``run_variant``; with ``"nodes": 2`` in the job, as node 0 of a two-node engine whose
+    node 1 (``_nodes.RemoteNode``) runs in a process tree of its own for this variant."""
+    if int(job.get("nodes", 1)) == 1:
+        return run_variant(job, variant, first)
+    import _nodes  # tests/engine/_nodes.py, a top-level module here
+
+    port = _nodes.free_port()
+    variant = {**variant, "engine": {**variant.get("engine", {}), **_nodes.node0_options(port)}}
+    env, engine = variant_setup(job, variant)
+    _set_env(env)  # node 1's environment is node 0's (``run_variant`` sets it again)
+    log = Path(f"node1-{variant['name']}.log").resolve()
+    node = _nodes.RemoteNode(job["model"], engine, dict(os.environ), log)
+    node.start()
+    pid_file = Path(_nodes.PID_FILE)  # the harness's way to node 1 if this driver hangs
+    pid_file.write_text(str(node.pid))
+    result: dict[str, Any] = {"name": variant["name"]}
+    try:
+        result = run_variant(job, variant, first)
+    finally:
+        result["node1"] = node.stop()
+        pid_file.unlink()
+    return result
+
+
+def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvplan.integrations.vllm import plugin
+
+    multiprocess = bool(job.get("multiprocessing"))
+    env, engine = variant_setup(job, variant)
     _set_env(env)
 
     def activate() -> None:
@@ -438,7 +471,7 @@ def main(argv: list[str]) -> int:
     results = []
     for index, variant in enumerate(job["variants"]):
         print(f"driver: variant {variant['name']}", file=sys.stderr, flush=True)
-        results.append(run_variant(job, variant, first=index == 0))
+        results.append(run_on_nodes(job, variant, first=index == 0))
         with open(result_path, "w") as handle:  # partial results survive a later crash
             json.dump({"variants": results}, handle, indent=1)
     return 0

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.engine import _leftovers
+
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "driver.py"
 
@@ -108,6 +110,7 @@ ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    **_leftovers.mark(),  # looked for once the suite is done
 }
 
 Report = Callable[[str], None]
@@ -386,6 +389,37 @@ class EngineRun:
         tokens: list[list[int]] = self.variants[name]["tokens"]
         return tokens
 
+    def log_of(self, name: str) -> str:
+        """The part of the log written while variant ``name``'s engine ran (what its engine
+        core and workers said: a refusal there reaches the driver only as "Engine core
+        initialization failed")."""
+        marker = f"driver: variant {name}\n"
+        assert marker in self.log, name
+        return self.log.split(marker, 1)[1].split("driver: variant ", 1)[0]
+
+
+class RunsOnce:
+    """Engine runs by key, each made once per test session; a run that failed (an assertion,
+    a timeout, its test's deadline) fails every later test that asks for it with the first
+    failure, rather than starting its engines again."""
+
+    def __init__(self) -> None:
+        self.runs: dict[Any, EngineRun] = {}
+        self.failed: dict[Any, str] = {}
+
+    def get(self, key: Any, make: Callable[[], EngineRun]) -> EngineRun:
+        if key in self.failed:
+            raise AssertionError(f"(engines failed earlier in this session) {self.failed[key]}")
+        if key not in self.runs:
+            try:
+                self.runs[key] = make()
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # pytest's failures are BaseExceptions
+                self.failed[key] = f"{type(exc).__name__}: {exc}"
+                raise
+        return self.runs[key]
+
 
 def run_engines(
     python: Path,
@@ -399,16 +433,20 @@ def run_engines(
     max_tokens: int = 8,
     seed: int = 1234,
     gain: float = 2.0,
-    timeout: float = 3600,
+    timeout: float = 1100,
     multiprocessing: bool = False,
     extra_env: dict[str, str] | None = None,
+    nodes: int = 1,
 ) -> EngineRun:
     """Run every variant's engine in one driver process (in order); raise with the log tail.
 
     ``multiprocessing``: leave ``VLLM_ENABLE_V1_MULTIPROCESSING`` at vLLM's default (the
     engine core and the workers run in processes vLLM spawns; the model then needs real
     weights, see ``_weights``); ``extra_env``: more variables for the driver process (e.g.
-    ``VLLM_CPU_OMP_THREADS_BIND``)."""
+    ``VLLM_CPU_OMP_THREADS_BIND``); ``nodes=2``: each engine on two nodes of vLLM's
+    multiprocess executor, node 1 started by the driver (``_nodes``); ``timeout``: seconds
+    before the driver's processes print their stacks and are killed (under a test's own
+    deadline, ``tests/_deadline.py``, so the driver's bound is the one that speaks)."""
     workdir.mkdir(parents=True, exist_ok=True)
     job = {
         "model": str(model),
@@ -420,6 +458,7 @@ def run_engines(
         "gain": gain,
         "variants": [v.to_json() for v in variants],
         "multiprocessing": multiprocessing,
+        "nodes": nodes,
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job, indent=1))
@@ -431,25 +470,14 @@ def run_engines(
     env.update(extra_env or {})
     started = time.perf_counter()
     command = [str(python), str(DRIVER), str(job_path), str(result_path)]
-    try:
-        if multiprocessing:
-            code, log = _run_in_session(command, env, workdir, timeout)
-        else:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=env,
-                check=False,
-            )  # fmt: skip
-            log = (done.stdout or "") + (done.stderr or "")
-            code = done.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = exc.stderr or b""
-        text = output.decode(errors="replace") if isinstance(output, bytes) else output
-        log, code = text + f"\ntimed out after {timeout:.0f} s", -1
+    code, log = _run_in_session(command, env, workdir, timeout)
     seconds = time.perf_counter() - started
     (workdir / "engine.log").write_text(log)
     if code != 0 or not result_path.is_file():
         tail = "\n".join(log.splitlines()[-60:])
-        raise AssertionError(f"engine driver failed (exit {code}) in {workdir}:\n{tail}")
+        raise AssertionError(
+            f"engine driver failed (exit {code}) in {workdir}:\n{tail}{_node_log_tail(workdir)}"
+        )
     results = json.loads(result_path.read_text())["variants"]
     return EngineRun({r["name"]: r for r in results}, log, seconds, workdir)
 
@@ -458,27 +486,69 @@ def _run_in_session(
     command: list[str], env: dict[str, str], workdir: Path, timeout: float
 ) -> tuple[int, str]:
     """Run the driver in a session of its own, its output in ``workdir/driver.out``; when it
-    exits or times out, kill what is left of its session: vLLM's engine processes can outlive
-    a dead engine (a worker spinning in a collective), and would keep the test waiting."""
+    exits, kill what is left of its session: vLLM's engine processes can outlive a dead
+    engine (a worker spinning in a collective), and would keep the test waiting. When it
+    runs past ``timeout``, every Python process of its session and of its second node's
+    (``_nodes.PID_FILE``) first prints where each of its threads is (``SIGABRT`` under
+    ``PYTHONFAULTHANDLER``), then all are killed: the failure says where the engine hung."""
     out = workdir / "driver.out"
     with open(out, "wb") as handle:
         process = subprocess.Popen(
             command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=workdir, env=env, start_new_session=True,
+            cwd=workdir, env={**env, "PYTHONFAULTHANDLER": "1"}, start_new_session=True,
+            preexec_fn=_no_core_files,
         )  # fmt: skip
         note = ""
         try:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:
-            code, note = -1, f"\ntimed out after {timeout:.0f} s"
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            code = -1
+            note = f"\ntimed out after {timeout:.0f} s" + _dump_and_kill(process.pid, workdir)
+        except BaseException:  # the test's own deadline (tests/_deadline.py), an interrupt
+            _dump_and_kill(process.pid, workdir)
+            raise
         process.wait()
         if _session_lingers(process.pid, LEFTOVER_GRACE_S):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             note += "\nharness: killed the processes the engine driver left behind"
     return code, out.read_text(errors="replace") + note
+
+
+DUMP_GRACE_S = 3.0
+"""Seconds the processes of a timed-out driver have to print their threads' stacks."""
+
+
+def _no_core_files() -> None:
+    """In the driver, before it runs: no core file when it is aborted for its stacks."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _dump_and_kill(group: int, workdir: Path) -> str:
+    """Abort (stacks printed) then kill the driver's session and its second node's; a note."""
+    from tests.engine import _nodes
+
+    groups = [group]
+    with contextlib.suppress(OSError, ValueError):
+        groups.append(int((workdir / _nodes.PID_FILE).read_text()))
+    for sig in (signal.SIGABRT, signal.SIGKILL):
+        for each in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(each, sig)
+        if sig == signal.SIGABRT:
+            time.sleep(DUMP_GRACE_S)
+    return f"\nharness: printed the stacks of process groups {groups}, then killed them"
+
+
+def _node_log_tail(workdir: Path, lines: int = 30) -> str:
+    """The end of the newest second-node log of a failed two-node run ("" without one)."""
+    logs = sorted(workdir.glob("node1-*.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return ""
+    tail = "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
+    return f"\n--- {logs[-1].name} (node 1), last {lines} lines:\n{tail}"
 
 
 LEFTOVER_GRACE_S = 10.0

@@ -23,7 +23,7 @@ import pytest
 from tests.engine._models import BLOCK_SIZE, write_model
 from tests.engine.cases import ELASTIC_MODELS, ENGINE_ARGS
 from tests.engine.conftest import EnginePython
-from tests.engine.harness import EngineRun, Variant, kvplan_env, run_engines
+from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env, run_engines
 
 BLOCK_BYTES = {"llama": 64 << 10, "gemma4": 48 << 10, "gemma3n": 32 << 10}
 """Bytes of one block (every layer, every pool) of each model's 256-block test cache."""
@@ -57,7 +57,7 @@ first round's prompts, the second a block requests grow into while decoding."""
 
 FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
 
-_RUNS: dict[tuple[str, str], EngineRun] = {}
+_RUNS = RunsOnce()
 
 
 def variants(model: str, work: Path) -> list[Variant]:
@@ -92,14 +92,15 @@ Runs = Callable[[str, str], EngineRun]
 @pytest.fixture(scope="module")
 def elastic_run(engine_python_of: EnginePython, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     def get(release: str, model: str) -> EngineRun:
-        if (release, model) not in _RUNS:
+        def make() -> EngineRun:
             work = tmp_path_factory.mktemp(f"elastic-{release}-{model}")
-            _RUNS[release, model] = run_engines(
+            return run_engines(
                 engine_python_of(release), write_model(model, work / "model"),
                 variants(model, work), work, prompts=PROMPTS, batches=ROUNDS, engine=ENGINE,
                 max_tokens=MAX_TOKENS,
             )  # fmt: skip
-        return _RUNS[release, model]
+
+        return _RUNS.get((release, model), make)
 
     return get
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.engine._multiproc import dumped, run_mp
 from tests.engine._worker_hooks import HOOKS_ENV
-from tests.engine.harness import EngineRun, Variant, kvplan_env
+from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 FAILED_MAP = 2
 """The map (of each worker, 1-based) that fails: the second maps a block a request grows
@@ -41,8 +41,7 @@ CASES = {
     "tp2-every-rank": (2, "every"),
     "tp2-rank1": (2, "rank1"),
 }
-_RUNS: dict[str, EngineRun] = {}
-_FAILED: dict[str, str] = {}
+_RUNS = RunsOnce()
 
 
 def variants(work: Path, where: str) -> list[Variant]:
@@ -66,20 +65,16 @@ def failed_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], EngineRun]:
     def get(case: str) -> EngineRun:
-        if case in _FAILED:  # one run per case: a failed one fails each of its tests
-            raise AssertionError(f"(engines failed earlier in this session) {_FAILED[case]}")
-        if case not in _RUNS:
-            tp, where = CASES[case]
+        tp, where = CASES[case]
+
+        def make() -> EngineRun:
             work = tmp_path_factory.mktemp(f"failed-map-{case}")
-            try:
-                _RUNS[case] = run_mp(
-                    engine_python, llama_checkpoint, variants(work, where), work, tp=tp,
-                    extra_env=STEP_TIMEOUT, timeout=900,
-                )  # fmt: skip
-            except AssertionError as exc:
-                _FAILED[case] = str(exc)
-                raise
-        return _RUNS[case]
+            return run_mp(
+                engine_python, llama_checkpoint, variants(work, where), work, tp=tp,
+                extra_env=STEP_TIMEOUT, timeout=900,
+            )  # fmt: skip
+
+        return _RUNS.get(case, make)
 
     return get
 

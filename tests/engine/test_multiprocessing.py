@@ -25,10 +25,10 @@ from tests.engine._multiproc import (
     dumped,
     run_mp,
 )
-from tests.engine.harness import EngineRun, Variant, kvplan_env
+from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
-_RUN: dict[str, EngineRun] = {}
+_RUNS = RunsOnce()
 
 
 def variants(work: Path) -> list[Variant]:
@@ -46,11 +46,12 @@ def variants(work: Path) -> list[Variant]:
 def mp_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[], EngineRun]:
+    def make() -> EngineRun:
+        work = tmp_path_factory.mktemp("mp")
+        return run_mp(engine_python, llama_checkpoint, variants(work), work)
+
     def get() -> EngineRun:
-        if "run" not in _RUN:
-            work = tmp_path_factory.mktemp("mp")
-            _RUN["run"] = run_mp(engine_python, llama_checkpoint, variants(work), work)
-        return _RUN["run"]
+        return _RUNS.get("run", make)
 
     return get
 

@@ -28,11 +28,11 @@ from tests.engine._multiproc import (
     dumped,
     run_mp,
 )
-from tests.engine.harness import EngineRun, Variant, kvplan_env
+from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 TP = 2
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
-_RUN: dict[str, EngineRun] = {}
+_RUNS = RunsOnce()
 
 
 def variants(work: Path) -> list[Variant]:
@@ -56,11 +56,12 @@ def variants(work: Path) -> list[Variant]:
 def tp_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[], EngineRun]:
+    def make() -> EngineRun:
+        work = tmp_path_factory.mktemp("tp2")
+        return run_mp(engine_python, llama_checkpoint, variants(work), work, tp=TP)
+
     def get() -> EngineRun:
-        if "run" not in _RUN:
-            work = tmp_path_factory.mktemp("tp2")
-            _RUN["run"] = run_mp(engine_python, llama_checkpoint, variants(work), work, tp=TP)
-        return _RUN["run"]
+        return _RUNS.get("run", make)
 
     return get
 

@@ -52,3 +52,24 @@ def test_a_guarantee_that_cannot_fit_refuses_at_registration(
     finally:
         for member in members:
             member.leave()
+
+
+@pytest.mark.parametrize("nnodes", [2, 4])
+def test_an_engine_on_several_nodes_cannot_join_a_group(tmp_path: Path, nnodes: int) -> None:
+    """``KVP548``: a group is one host's memory; vLLM's ``parallel_config.nnodes`` says how
+    many nodes the engine's ranks run on (the two-node engine: ``tests/engine/test_multinode``)."""
+    from types import SimpleNamespace
+
+    from kvplan.integrations.vllm.elastic import ElasticSettings
+    from kvplan.integrations.vllm.elastic._group import check_one_host, nodes_of
+
+    config = SimpleNamespace(parallel_config=SimpleNamespace(nnodes=nnodes))
+    settings = ElasticSettings(group=tmp_path / "group")
+    with pytest.raises(KVPlanError) as refused:
+        check_one_host(settings, nodes_of(config))
+    (diagnostic,) = refused.value.diagnostics
+    assert diagnostic.code == Code.GROUP_SPANS_NODES
+    assert f"{nnodes} nodes" in diagnostic.message and "KVPLAN_GROUP" in diagnostic.hint
+    check_one_host(settings, nodes_of(SimpleNamespace(parallel_config=SimpleNamespace())))
+    check_one_host(ElasticSettings(), nnodes)  # no group: nothing to refuse
+    assert not (tmp_path / "group").exists()

@@ -60,6 +60,32 @@ def charge_factor(backend: str, world_size: int) -> int:
     return max(1, world_size) if "cpu" in backend_info(backend).devices else 1
 
 
+def nodes_of(vllm_config: Any) -> int:
+    """The nodes an engine's ranks run on (vLLM's ``--nnodes``; 1 when it does not say)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    return max(1, int(getattr(parallel, "nnodes", 1) or 1))
+
+
+def check_one_host(settings: ElasticSettings, nodes: int) -> None:
+    """``KVP548``: an engine whose ranks run on several nodes cannot be a member. A group is
+    one host's memory: its ledger and leases are files on that host, and what it charges is
+    what that host maps. The ranks on another node map that node's memory, which no group
+    there accounts for (its scheduler, the only one that grants, runs on node 0)."""
+    if settings.group is None or nodes <= 1:
+        return
+    raise KVPlanError(
+        error(
+            Code.GROUP_SPANS_NODES,
+            "KVPLAN_GROUP",
+            f"this engine's ranks run on {nodes} nodes (--nnodes {nodes}), and a group is one "
+            f"host's memory budget: group {settings.group} cannot account for what the other "
+            "nodes map.",
+            "serve a multi-node engine without KVPLAN_GROUP (KVPLAN_MEMORY_LIMIT bounds what "
+            "each rank maps), or put the engine on one node",
+        )
+    )
+
+
 def join(
     settings: ElasticSettings,
     *,

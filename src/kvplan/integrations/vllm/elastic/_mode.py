@@ -206,6 +206,7 @@ class ElasticMode:
         """Join ``KVPLAN_GROUP`` (once): before any worker maps its null block."""
         if self.settings.group is None or self.member is not None:
             return
+        group.check_one_host(self.settings, group.nodes_of(vllm_config))
         world = int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
         self.member = group.join(
             self.settings,
@@ -234,7 +235,8 @@ class ElasticMode:
                 raise KVPlanError(
                     refusals.elastic_unsupported(
                         "the ranks' KV caches have different block geometry (pipeline "
-                        "parallelism gives each stage other layers); elastic serving needs one"
+                        "stages whose layers take other bytes per block); elastic serving "
+                        "needs one"
                     )
                 )
             ledger = ledgers[0]
@@ -351,6 +353,9 @@ class ElasticMode:
         if side is None:
             why = "this worker received elastic operations but bound no elastic KV cache"
             raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
+        # a report no output carried (a pipeline stage whose output never reaches the
+        # scheduler) is dropped: the output rank carried the same one
+        side.pending_report = None
         failed: MapFailed | None = None
         try:
             side.apply(ops)

@@ -86,4 +86,5 @@ class MapFailed(Exception):
         self.blocks = blocks
         self.error = error
         self.ranks: tuple[int, ...] = ()
-        """The tensor-parallel ranks whose own map failed (set when the ranks agreed)."""
+        """The ranks (numbered as vLLM numbers them) whose own map failed (set when the ranks
+        agreed)."""

@@ -1,9 +1,10 @@
 """What a failed map becomes: running out of blocks (``docs/elastic.md``, "Under pressure").
 
-The worker rolls its maps back; with tensor parallelism every rank learns, before the forward,
-whether any rank failed, and the ranks that mapped roll back too (:func:`agree_across_ranks`),
-so all hold what the scheduler will count. The failure then reaches the scheduler one way,
-whichever executor runs the workers: as a :class:`MapFailureReport` (:func:`report_failure`)
+The worker rolls its maps back; with tensor or pipeline parallelism every rank learns, before
+the forward, whether any rank failed, and the ranks that mapped roll back too
+(:func:`agree_across_ranks`), so all hold what the scheduler will count. The failure then
+reaches the scheduler one way, whichever executor runs the workers: as a
+:class:`MapFailureReport` (:func:`report_failure`)
 riding on the step's ``ModelRunnerOutput`` (:func:`with_report`, read back by
 :func:`report_of`), the one object every vLLM executor brings back from the output rank. The
 scheduler turns it into preemptions before vLLM reads that output (:func:`recover_failed_map`).
@@ -123,38 +124,54 @@ class MapFailureReport:
         return MapFailed(self.seq, self.blocks, KVPlanError(problem))
 
 
-def _tp_group() -> Any:
-    """vLLM's tensor-parallel group of this worker, when it has more than one rank."""
+STEP_GROUPS = ("_TP", "_PCP", "_PP")
+"""vLLM's process groups (``vllm.distributed.parallel_state``) that together hold every rank
+of one engine's step, innermost first -- the order of vLLM's rank numbering (a rank is
+``(pp * pcp_size + pcp) * tp_size + tp``). Data-parallel engines step on their own."""
+
+
+def step_groups() -> list[Any]:
+    """vLLM's groups of this worker with more than one rank, in :data:`STEP_GROUPS`' order."""
     try:
         from vllm.distributed import parallel_state
     except ImportError:  # pragma: no cover - vLLM is there whenever a worker steps
-        return None
-    group = getattr(parallel_state, "_TP", None)
-    if group is None or int(getattr(group, "world_size", 1)) <= 1:
-        return None
-    return group
+        return []
+    found = (getattr(parallel_state, name, None) for name in STEP_GROUPS)
+    return [g for g in found if g is not None and int(getattr(g, "world_size", 1)) > 1]
 
 
-def agree_across_ranks(
-    worker: WorkerSide, ops: ElasticOps, failed: MapFailed | None, group: Any = None
-) -> MapFailed | None:
-    """Every rank of a tensor-parallel engine, before the step's forward, after applying
-    ``ops`` (which map): did any rank fail? One all-reduce of a flag per rank over the TP
-    group's gloo ``cpu_group`` (every rank received the same ``ops``, so every rank makes the
-    same call; gloo has a timeout, unlike the forward's collectives). When one did, a rank
-    whose own map succeeded releases the step's new blocks — they were not resident before
-    the step, so this is the state the failing rank rolled back to — and every rank returns
-    the same failure. ``group``: vLLM's TP ``GroupCoordinator`` (default: this process's)."""
-    group = group if group is not None else _tp_group()
-    if group is None:
-        return failed
+def failed_ranks(failed: bool, groups: list[Any]) -> tuple[int, ...]:
+    """The ranks of one step (numbered as vLLM numbers them) whose own map failed, every
+    rank told of every other: per group, innermost first, one all-reduce over the group's
+    gloo ``cpu_group`` of a table with one row per member, each row what that member knows
+    (gloo has a timeout, unlike the forward's collectives)."""
     import torch
     import torch.distributed as dist
 
-    flags = torch.zeros(int(group.world_size), dtype=torch.int32)
-    flags[int(group.rank_in_group)] = int(failed is not None)
-    dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group.cpu_group)
-    ranks = tuple(i for i, flag in enumerate(flags.tolist()) if flag)
+    known = torch.tensor([int(failed)], dtype=torch.int32)
+    for group in groups:
+        table = torch.zeros((int(group.world_size), known.numel()), dtype=torch.int32)
+        table[int(group.rank_in_group)] = known
+        dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group.cpu_group)
+        known = table.flatten()
+    return tuple(i for i, flag in enumerate(known.tolist()) if flag)
+
+
+def agree_across_ranks(
+    worker: WorkerSide, ops: ElasticOps, failed: MapFailed | None, groups: list[Any] | None = None
+) -> MapFailed | None:
+    """Every rank of a tensor- or pipeline-parallel engine, before the step's forward, after
+    applying ``ops`` (which map): did any rank fail? (:func:`failed_ranks`; every rank
+    received the same ``ops``, so every rank makes the same calls, in the step's order.) When
+    one did, a rank whose own map succeeded releases the step's new blocks -- they were not
+    resident before the step, so this is the state the failing rank rolled back to -- and
+    every rank returns the same failure: whichever rank's output reaches the scheduler (the
+    last pipeline stage's) carries it. ``groups``: vLLM's ``GroupCoordinator``s
+    (default: this process's, :func:`step_groups`)."""
+    groups = groups if groups is not None else step_groups()
+    if not groups:
+        return failed
+    ranks = failed_ranks(failed is not None, groups)
     if not ranks:
         return None
     if failed is None:  # a peer failed: undo this rank's maps of the step

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +55,9 @@ class SchedulerSide:
         self.asked_limit: int | None = settings.limit
         """What was asked (``KVPLAN_MEMORY_LIMIT``, then ``kvplan limit``); ``None``: default."""
         self.digest = geometry_digest(ledger)
-        self.pending_map: list[int] = []
-        self.pending_unmap: list[int] = []
+        self.pending_map: dict[int, None] = {}
+        """Blocks to map with the next operations (in order; see :meth:`queue`)."""
+        self.pending_unmap: dict[int, None] = {}
         self.seq = 0
         self.dirty = True
         self.cached_blocks = 0
@@ -311,8 +312,27 @@ class SchedulerSide:
         return chosen
 
     def backed(self, block_ids: list[int]) -> None:
-        self.pending_map.extend(self.ledger.back(block_ids))
+        self.queue(mapped=self.ledger.back(block_ids))
         self.version += 1
+
+    def queue(self, *, mapped: Iterable[int] = (), unmapped: Iterable[int] = ()) -> None:
+        """Queue maps and unmaps for the next operations, a block's last word winning. The
+        workers apply an operation's unmaps before its maps, so a block backed and unbacked
+        again before the operations went out (a request preempted in the schedule that gave
+        it the block, an idle engine's blocks freed before any step) must leave the maps --
+        the workers never mapped it -- rather than join the unmaps too, where its map would
+        win on the workers while the ledger counts it unbacked. Unbacked and backed again
+        before they went out, it stays mapped on the workers: neither list."""
+        for b in mapped:
+            if b in self.pending_unmap:  # the workers hold it mapped: it stays so
+                del self.pending_unmap[b]
+            else:
+                self.pending_map[b] = None
+        for b in unmapped:
+            if b in self.pending_map:  # the workers never mapped it: nothing to undo
+                del self.pending_map[b]
+            else:
+                self.pending_unmap[b] = None
 
     def changed(self, *, freed: bool = True) -> None:
         """vLLM's pool changed: count free blocks anew; when blocks were freed or lost their
@@ -439,7 +459,7 @@ class SchedulerSide:
         self.step_unbacked += mapped - self.ledger.mapped_bytes
         for b in result.evict:
             pool._maybe_evict_cached_block(blocks[b])
-        self.pending_unmap.extend(result.unback)
+        self.queue(unmapped=result.unback)
         self.cached_blocks = sum(1 for f in free if f.cached) - len(result.evict)
         self.reserve_bytes = result.reserve_bytes
         self.dirty = False
@@ -518,7 +538,7 @@ class SchedulerSide:
             asked_limit_bytes=self.asked_limit,
             over_limit_preemptions=self.preempted,
         )
-        self.pending_map, self.pending_unmap = [], []
+        self.pending_map, self.pending_unmap = {}, {}
         if self.step_unbacked:
             self.unconfirmed[ops.seq] = self.step_unbacked
             self.step_unbacked = 0
