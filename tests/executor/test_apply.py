@@ -92,7 +92,7 @@ def test_explicit_zeroing_path() -> None:
 def test_chunk_size_sets_call_counts() -> None:
     plan = plans.llama_plan(layers=4, num_blocks=64)  # 16 MiB
     for chunk, n in ((2 << 20, 8), (8 << 20, 2), (32 << 20, 1), (5000, 16 * 256 // 5 + 1)):
-        backend = HostVmmBackend()
+        backend = HostVmmBackend(runs=False)  # one handle per chunk, as on CUDA
         with apply(plan, backend=backend, chunk_size=chunk) as cache:
             rounded = -(-chunk // 4096) * 4096
             assert cache.chunk_bytes == rounded
@@ -120,7 +120,7 @@ def test_eager_default_chunk_is_large_and_capped_per_pool() -> None:
         assert backend.calls.counts["create"] == backend.calls.counts["map"] == 3
         assert cache.mapped_bytes == 300 << 20
     small = plans.llama_plan(layers=4, num_blocks=64)  # 16 MiB: one chunk of 16 MiB
-    backend = HostVmmBackend()
+    backend = HostVmmBackend(runs=False)
     with apply(small, backend=backend) as cache:
         assert cache.chunk_bytes == 16 << 20 and backend.calls.counts["map"] == 1
         assert cache.mapped_bytes == 16 << 20
@@ -128,7 +128,7 @@ def test_eager_default_chunk_is_large_and_capped_per_pool() -> None:
 
 def test_eager_default_caps_each_pool_by_its_reservation() -> None:
     plan = plans.two_pool_plan()
-    backend = HostVmmBackend()
+    backend = HostVmmBackend(runs=False)
     with apply(plan, backend=backend) as cache:
         sizes = {p.name: -(-p.size_bytes // 4096) * 4096 for p in plan.pools}
         assert backend.calls.counts["map"] == len(sizes)  # one chunk per pool

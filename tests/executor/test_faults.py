@@ -14,11 +14,13 @@ from tests.executor import _plans as plans
 from tests.executor.conftest import memfd_lines, open_fds, perms_at
 
 MiB = 1 << 20
+RUNS = pytest.mark.parametrize("runs", [False, True], ids=["per-chunk", "runs"])
+"""Both ways host-vmm backs memory: a handle per chunk (CUDA's path) and a run per call."""
 
 
-def calls_needed(plan: BindingPlan, **kw: object) -> int:
+def calls_needed(plan: BindingPlan, runs: bool, **kw: object) -> int:
     """Backend calls ``apply`` makes (close not counted)."""
-    probe = FaultyBackend(HostVmmBackend(assume_zeroed=False))
+    probe = FaultyBackend(HostVmmBackend(assume_zeroed=False, runs=runs))
     cache = apply(plan, backend=probe, **kw)  # type: ignore[arg-type]
     total = probe.calls.total
     cache.close()
@@ -37,12 +39,13 @@ def reserved_addresses(backend: HostVmmBackend) -> list[int]:
     ],
     ids=["two-pools", "gemma"],
 )
-def test_apply_fails_at_every_call(plan: BindingPlan, kw: dict[str, object]) -> None:
-    total = calls_needed(plan, **kw)
-    assert total > 10
+@RUNS
+def test_apply_fails_at_every_call(plan: BindingPlan, kw: dict[str, object], runs: bool) -> None:
+    total = calls_needed(plan, runs, **kw)
+    assert total > (10 if not runs else 5)
     fds = open_fds()
     for n in range(total):
-        inner = HostVmmBackend(assume_zeroed=False)
+        inner = HostVmmBackend(assume_zeroed=False, runs=runs)
         seen: list[int] = []
         reserve = inner.reserve
 
@@ -69,19 +72,20 @@ def test_apply_fails_at_every_call(plan: BindingPlan, kw: dict[str, object]) -> 
         assert open_fds() <= fds
 
 
-def test_ensure_mapped_fails_at_every_call() -> None:
+@RUNS
+def test_ensure_mapped_fails_at_every_call(runs: bool) -> None:
     plan = plans.llama_plan(layers=4, num_blocks=64)
     blocks = [0, 40]
-    probe = FaultyBackend(HostVmmBackend(assume_zeroed=False))
+    probe = FaultyBackend(HostVmmBackend(assume_zeroed=False, runs=runs))
     with apply(plan, backend=probe, mode="elastic") as cache:  # type: ignore[arg-type]
         start = probe.calls.total
         cache.ensure_mapped([5])
         base = probe.calls.total
         cache.ensure_mapped(blocks)
         per_call = probe.calls.total - base
-    assert per_call > 8 and base > start
+    assert per_call > (8 if not runs else 4) and base > start
     for n in range(per_call):
-        inner = HostVmmBackend(assume_zeroed=False)
+        inner = HostVmmBackend(assume_zeroed=False, runs=runs)
         faulty = FaultyBackend(inner)
         with apply(plan, backend=faulty, mode="elastic") as cache:  # type: ignore[arg-type]
             cache.ensure_mapped([5])
@@ -98,17 +102,22 @@ def test_ensure_mapped_fails_at_every_call() -> None:
         assert inner.live().clean
 
 
-def test_error_names_call_pool_and_bytes() -> None:
+@RUNS
+def test_error_names_call_pool_and_bytes(runs: bool) -> None:
     plan = plans.llama_plan(layers=2, num_blocks=64)
-    inner = HostVmmBackend()
-    faulty = FaultyBackend(inner, fail_ops={"map"})
+    inner = HostVmmBackend(runs=runs)
+    faulty = FaultyBackend(inner, fail_ops={"map", "map_run"})
     with pytest.raises(KVPlanError) as e:
         apply(plan, backend=faulty, chunk_size=2 << 20)  # type: ignore[arg-type]
     diag = e.value.diagnostics[0]
     assert diag.code is Code.DRIVER_CALL_FAILED and diag.location == "pools.kv"
     assert "mmap(MAP_FIXED|MAP_SHARED) failed during apply" in diag.message
-    assert "pool 'kv' bytes [0, 2097152) (2.00 MiB)" in diag.message
-    assert "1 release" in diag.message and "1 free" in diag.message
+    if runs:  # the pool's first run is all of it, nothing is left but its reservation
+        assert "pool 'kv' bytes [0, 8388608) (8.00 MiB)" in diag.message
+        assert "1 free" in diag.message and "release" not in diag.message
+    else:
+        assert "pool 'kv' bytes [0, 2097152) (2.00 MiB)" in diag.message
+        assert "1 release" in diag.message and "1 free" in diag.message
     assert inner.live().clean
 
 
@@ -121,16 +130,17 @@ def test_rollback_errors_are_reported() -> None:
     assert inner.live().mappings > 0 and inner.live().reservations == 1  # what could not be undone
 
 
-def test_release_failure_keeps_chunk_mapped() -> None:
-    inner = HostVmmBackend()
+@RUNS
+def test_release_failure_keeps_chunk_mapped(runs: bool) -> None:
+    inner = HostVmmBackend(runs=runs)
     faulty = FaultyBackend(inner)
     plan = plans.llama_plan(layers=1, num_blocks=64)
     with apply(plan, backend=faulty, mode="elastic", chunk_size=2 * MiB) as cache:  # type: ignore[arg-type]
         cache.ensure_mapped([0])
-        faulty.fail_ops = {"unmap"}
+        faulty.fail_ops = {"unmap", "unmap_run"}
         with pytest.raises(KVPlanError) as e:
             cache.release_blocks([0])
-        assert e.value.code is Code.DRIVER_CALL_FAILED and "stays mapped" in str(e.value)
+        assert e.value.code is Code.DRIVER_CALL_FAILED and "stay mapped" in str(e.value)
         assert cache.mapped_bytes == 2 * MiB and cache.mapped_blocks == frozenset()
         faulty.fail_ops = set()
         assert cache.ensure_mapped([0]) == 0  # chunk still mapped: reused

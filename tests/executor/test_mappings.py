@@ -15,9 +15,15 @@ from kvplan.executor.backends.host_vmm import HostVmmBackend
 PAGE = 4096
 
 _ops = st.lists(
-    st.tuples(st.sampled_from(["map", "unmap", "ask"]), st.integers(0, 63), st.integers(1, 8)),
+    st.tuples(
+        st.sampled_from(["map", "unmap", "cut", "ask"]), st.integers(0, 63), st.integers(1, 8)
+    ),
     max_size=80,
 )
+
+
+def _pages(model: dict[int, int]) -> set[int]:
+    return {p for a, n in model.items() for p in range(a // PAGE, (a + n) // PAGE)}
 
 
 @settings(max_examples=300, deadline=None)
@@ -34,6 +40,20 @@ def test_the_index_answers_as_a_scan_would(ops: list[tuple[str, int, int]]) -> N
             model[address] = size
         elif op == "unmap":
             assert index.pop(address) == model.pop(address, None)
+        elif op == "cut":  # a run backend gives back part of what it mapped, or refuses
+            wanted = set(range(start, start + pages))
+            whole = wanted <= _pages(model)
+            assert index.cut(address, size) == whole
+            if whole:  # the mappings it cut through keep their pieces outside the range
+                cut = {}
+                for a, n in model.items():
+                    if a < address:
+                        cut[a] = min(n, address - a)
+                    if a + n > address + size:
+                        rest = max(a, address + size)
+                        cut[rest] = a + n - rest
+                model = cut
+                assert _pages(model) == _pages(model) - wanted
         assert len(index) == len(model) and index.total == sum(model.values())
         assert list(index) == sorted(model)
         assert all((a in index) and index.get(a) == n for a, n in model.items())

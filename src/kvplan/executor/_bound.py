@@ -6,7 +6,16 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvplan.executor._memory import PoolMemory, Transaction, failure, map_chunks
+from kvplan.executor._memory import (
+    PoolMemory,
+    Transaction,
+    failure,
+    map_chunks,
+    run_span,
+    unmap_calls,
+    unmap_chunks,
+    unmap_piece,
+)
 from kvplan.executor.backends.base import Backend, BackendCallError
 from kvplan.schemas.errors import Code, KVPlanError, error
 from kvplan.schemas.plan import BindingPlan
@@ -207,25 +216,18 @@ class BoundKVCache:
         freed = 0
         for name, chunks in drop.items():
             mem = self._memory[name]
-            for c in sorted(chunks):
-                if c not in mem.mapped:
-                    continue
-                off, length = mem.span(c)
-                try:
-                    self.backend.unmap(mem.address + off, length)
-                except BackendCallError as exc:
-                    raise KVPlanError(
-                        error(
-                            Code.DRIVER_CALL_FAILED,
-                            f"pools.{name}",
-                            f"{exc.call} failed during {action} on pool {name!r} bytes "
-                            f"[{off}, {off + length}) ({human_bytes(length)}): {exc.detail}. "
-                            "The chunk stays mapped.",
-                            "retry release_blocks later; close() releases it in any case",
-                        )
-                    ) from exc
-                mem.mapped.discard(c)
-                freed += length
+            try:
+                freed += unmap_chunks(self.backend, mem, chunks)
+            except BackendCallError as exc:
+                raise KVPlanError(
+                    error(
+                        Code.DRIVER_CALL_FAILED,
+                        f"pools.{name}",
+                        f"{exc.call} failed during {action} on pool {name!r}: {exc.detail}. "
+                        "The chunks it did not reach stay mapped.",
+                        "retry release_blocks later; close() releases it in any case",
+                    )
+                ) from exc
         return freed
 
     # -- lifetime -------------------------------------------------------------------------
@@ -250,14 +252,13 @@ class BoundKVCache:
             errors.append(f"synchronize: {_short(exc)}")
         for mem in self._memory.values():
             mem.refs.clear()
-            for c in mem.mapped:  # ascending, a run at a time (never listed)
-                off, length = mem.span(c)
-                try:
-                    self.backend.unmap(mem.address + off, length)
-                except Exception as exc:
-                    errors.append(f"unmap {mem.name}[{off}:{off + length}]: {_short(exc)}")
-                else:
-                    mem.mapped.discard(c)
+            for run in mem.mapped.runs():
+                for piece in unmap_calls(self.backend, run):  # a failed call: on to the next
+                    try:
+                        unmap_piece(self.backend, mem, piece)
+                    except Exception as exc:
+                        off, length = run_span(mem, piece)
+                        errors.append(f"unmap {mem.name}[{off}:{off + length}]: {_short(exc)}")
             if mem.reserved and not mem.freed and not mem.mapped:
                 try:
                     self.backend.free(mem.address, mem.reserved)

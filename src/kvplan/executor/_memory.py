@@ -180,7 +180,20 @@ class _MappedRun:
             yield partial(self.unmap, self.base + off, min(self.chunk, self.reserved - off))
 
 
-_Undo = tuple[str, Callable[[], None] | _MappedRun]
+class _WholeRun:
+    """The undo of a run a :class:`~kvplan.executor.backends.base.RunMapping` backend mapped
+    in one call: one ``unmap_run``, counted as the run's chunks."""
+
+    __slots__ = ("action", "weight")
+
+    def __init__(self, action: Callable[[], None], chunks: int) -> None:
+        self.action, self.weight = action, chunks
+
+    def steps(self) -> Iterator[Callable[[], None]]:
+        yield self.action
+
+
+_Undo = tuple[str, Callable[[], None] | _MappedRun | _WholeRun]
 """``(kind, action)``: what a journaled step undoes and how (a run: one action per chunk)."""
 
 
@@ -204,7 +217,7 @@ class Transaction:
         self._undo.append((kind, action))
         return len(self._undo) - 1
 
-    def run(self, step: _MappedRun) -> None:
+    def run(self, step: _MappedRun | _WholeRun) -> None:
         """Journal a run being mapped; it undoes what it has mapped so far."""
         self._undo.append(("unmap", step))
 
@@ -229,24 +242,34 @@ class Transaction:
             except Exception as exc:
                 errors.append(f"synchronize: {exc}")
         for kind, entry in reversed(pending):
-            actions = entry.steps() if isinstance(entry, _MappedRun) else (entry,)
+            actions: Iterable[Callable[[], None]] = (entry,) if callable(entry) else entry.steps()
+            weight = entry.weight if isinstance(entry, _WholeRun) else 1
             for action in actions:
                 try:
                     action()
-                    counts[kind] = counts.get(kind, 0) + 1
+                    counts[kind] = counts.get(kind, 0) + weight
                 except Exception as exc:
                     errors.append(f"{kind}: {exc}")
         return counts, errors
 
 
+def run_span(pool: PoolMemory, run: range) -> tuple[int, int]:
+    """``(offset, length)`` of a run of chunks of ``pool`` (only the last may be short)."""
+    first = run[0] * pool.chunk
+    return first, min((run[-1] + 1) * pool.chunk, pool.reserved) - first
+
+
 def map_chunks(
     backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: Iterable[int]
 ) -> int:
-    """Create, map and release one handle per chunk; grant access and zero per run.
+    """Create, map and release one handle per chunk; grant access and zero per run (a
+    backend that maps runs, ``maps_runs``, backs each run in one ``map_run``).
 
     Returns the bytes mapped. Every step is journaled in ``txn``; the caller commits
     ``pool.mapped`` only after the whole transaction succeeds.
     """
+    if backend.maps_runs:
+        return _map_runs(backend, txn, pool, chunk_ids)
     total = 0
     zero = not backend.fresh_memory_is_zero
     create, map_, release, unmap = backend.create, backend.map, backend.release, backend.unmap
@@ -280,6 +303,54 @@ def map_chunks(
             backend.zero(base + first, length)
         total += length
     return total
+
+
+def _map_runs(
+    backend: Backend, txn: Transaction, pool: PoolMemory, chunk_ids: Iterable[int]
+) -> int:
+    map_run, unmap_run = backend.map_run, backend.unmap_run  # type: ignore[attr-defined]
+    zero = not backend.fresh_memory_is_zero
+    total = 0
+    for run in runs(chunk_ids):
+        off, length = run_span(pool, run)
+        txn.at("map_run", pool.name, off, length)
+        map_run(pool.address + off, length)
+        txn.run(_WholeRun(partial(unmap_run, pool.address + off, length), len(run)))
+        if zero:
+            txn.at("zero", pool.name, off, length)
+            backend.zero(pool.address + off, length)
+        total += length
+    return total
+
+
+def unmap_calls(backend: Backend, run: range) -> list[range]:
+    """The pieces of a run of mapped chunks that one unmap call each gives back: the whole
+    run on a backend that maps runs, else one chunk a call."""
+    return [run] if backend.maps_runs else [range(c, c + 1) for c in run]
+
+
+def unmap_piece(backend: Backend, pool: PoolMemory, piece: range) -> int:
+    """Unmap one piece of :func:`unmap_calls` (its chunks mapped) and mark its chunks
+    unmapped; its bytes. A failed call raises ``BackendCallError`` and changes nothing."""
+    off, length = run_span(pool, piece)
+    if backend.maps_runs:
+        backend.unmap_run(pool.address + off, length)  # type: ignore[attr-defined]
+    else:
+        backend.unmap(pool.address + off, length)
+    for c in piece:
+        pool.mapped.discard(c)
+    return length
+
+
+def unmap_chunks(backend: Backend, pool: PoolMemory, chunk_ids: Iterable[int]) -> int:
+    """Unmap the mapped ones of ``chunk_ids``, ascending, in as few calls as the backend
+    allows; the bytes unmapped. A failed call raises ``BackendCallError``; what it did not
+    reach stays mapped."""
+    freed = 0
+    for run in runs(c for c in chunk_ids if c in pool.mapped):
+        for piece in unmap_calls(backend, run):
+            freed += unmap_piece(backend, pool, piece)
+    return freed
 
 
 def failure(txn: Transaction, exc: BaseException, backend: Backend, action: str) -> BaseException:

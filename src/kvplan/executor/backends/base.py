@@ -38,8 +38,11 @@ PRIMITIVES: tuple[str, ...] = (
     "unmap",
     "release",
     "free",
+    "map_run",
+    "unmap_run",
 )
-"""The protocol's primitives, each counted in ``calls`` under its own name."""
+"""The protocol's primitives, each counted in ``calls`` under its own name (``map_run`` and
+``unmap_run`` only on backends whose ``maps_runs`` is true: :class:`RunMapping`)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ class BackendInfo:
     CUDA-graph pools); VMM backends bypass torch's allocator and refuse there."""
     summary: str = ""
     """One line for ``kvplan doctor`` and ``--help``: what the backend binds with."""
+    lazy_pages: bool = False
+    """Mapped memory is committed page by page on first touch unless the backend is made
+    with ``populate=True`` (``host-vmm``); CUDA commits it when it is created. Elastic
+    serving populates, so a step's forward takes no page faults and a block mapped ahead is
+    ready."""
 
     def accepts_device(self, device: object) -> bool:
         """Whether tensors on ``device`` (``cpu``, ``cuda:1``, a ``torch.device``) can be bound."""
@@ -127,6 +135,12 @@ class Backend(Protocol):
     """``reserve`` returns committed, zeroed memory; the mapping primitives are not used."""
     fresh_memory_is_zero: bool
     """Newly created physical memory reads as zeros (the executor then skips ``zero``)."""
+    maps_runs: bool
+    """This instance backs a run of chunks in one call (:class:`RunMapping`: ``map_run`` /
+    ``unmap_run``) from memory it keeps per reservation, instead of one handle per chunk
+    (``create``/``map``/``set_access``/``release``). ``host-vmm`` does unless made with
+    ``runs=False`` (the per-chunk path, CUDA's: a CUDA mapping is unmapped whole, so chunks
+    that are freed one by one are mapped one by one)."""
     calls: CallLog
     call_names: dict[str, str]
     """Op → the driver/OS call it makes, for error messages (``map`` → ``cuMemMap``)."""
@@ -181,6 +195,23 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Drop backend-level state (contexts); resources must already be returned."""
+        ...
+
+
+@runtime_checkable
+class RunMapping(Protocol):
+    """The primitives of a backend whose ``maps_runs`` is true."""
+
+    def map_run(self, address: int, size: int) -> None:
+        """Back ``[address, address + size)`` (inside one reservation, nothing in it mapped)
+        with fresh memory and grant read/write: ``create`` + ``map`` + ``set_access`` of
+        every chunk in it, in one call."""
+        ...
+
+    def unmap_run(self, address: int, size: int) -> None:
+        """Give back ``[address, address + size)``, which must be wholly mapped (by one or
+        more ``map_run`` calls, or part of one): the memory is freed, the range stays
+        reserved."""
         ...
 
 
@@ -304,6 +335,29 @@ class Mappings:
         if self.pop(address) is None:
             raise KeyError(address)
 
+    def cut(self, address: int, size: int) -> bool:
+        """Remove ``[address, address + size)`` from the mappings, splitting those it cuts
+        through; ``False`` (nothing changed) unless the range is wholly mapped."""
+        starts, sizes, end = self._starts, self._sizes, address + size
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0 or starts[i] + sizes[starts[i]] <= address:
+            return False
+        j, reach = i, starts[i] + sizes[starts[i]]
+        while reach < end:  # the mappings after ``i`` must continue the range, gap-free
+            j += 1
+            if j == len(starts) or starts[j] != reach:
+                return False
+            reach += sizes[starts[j]]
+        first = starts[i]
+        for start in starts[i : j + 1]:
+            self.total -= sizes.pop(start)
+        del starts[i : j + 1]
+        if first < address:
+            self[first] = address - first
+        if reach > end:
+            self[end] = reach - end
+        return True
+
     def overlaps(self, address: int, size: int) -> bool:
         """Whether ``[address, address + size)`` overlaps a mapping."""
         i = bisect.bisect_left(self._starts, address + size) - 1
@@ -324,6 +378,7 @@ class TrackedBackend(CountedBackend):
     """Declared by each concrete backend class (the registry refuses a class without it)."""
     reserve_commits = False
     fresh_memory_is_zero = False
+    maps_runs = False
     call_names: dict[str, str] = {}  # noqa: RUF012 - overridden per class, never mutated
 
     @classmethod
@@ -348,9 +403,10 @@ class TrackedBackend(CountedBackend):
             mapped_bytes=self._mappings.total,
         )
 
-    def _check_reserved(self, call: str, address: int, size: int) -> None:
+    def _check_reserved(self, call: str, address: int, size: int) -> int:
         """Refuse a range outside every reservation: a binary search over the sorted bases
-        (rebuilt when a reservation it does not know is looked for), not a scan per call."""
+        (rebuilt when a reservation it does not know is looked for), not a scan per call.
+        Returns the base of the reservation holding it."""
         for rebuild in (False, True):
             if rebuild or len(self._bases) != len(self._reservations):
                 self._bases = sorted(self._reservations)
@@ -358,7 +414,7 @@ class TrackedBackend(CountedBackend):
             base = self._bases[i] if i >= 0 else None
             length = self._reservations.get(base) if base is not None else None
             if base is not None and length is not None and address + size <= base + length:
-                return
+                return base
         raise BackendCallError(call, f"[{address:#x}, +{size}) is not inside a reservation")
 
     def close(self) -> None:

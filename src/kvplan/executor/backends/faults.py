@@ -43,6 +43,7 @@ class FaultyBackend(CountedBackend):
         self.device = inner.device
         self.reserve_commits = inner.reserve_commits
         self.fresh_memory_is_zero = inner.fresh_memory_is_zero
+        self.maps_runs = getattr(inner, "maps_runs", False)
         self.call_names = inner.call_names
         self.calls = CallLog()
         self.fail_at = fail_at
@@ -92,6 +93,12 @@ class FaultyBackend(CountedBackend):
 
     def free(self, address: int, size: int) -> None:
         self.inner.free(address, size)
+
+    def map_run(self, address: int, size: int) -> None:
+        self.inner.map_run(address, size)  # type: ignore[attr-defined]  # maps_runs
+
+    def unmap_run(self, address: int, size: int) -> None:
+        self.inner.unmap_run(address, size)  # type: ignore[attr-defined]
 
     def live(self) -> LiveResources:
         return self.inner.live()

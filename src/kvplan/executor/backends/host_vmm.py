@@ -14,6 +14,15 @@ CUDA VMM                  host-vmm
 ``cuMemsetD8``            ``memset``
 ========================  =========================================================
 
+A run of chunks is backed in one call (``maps_runs``, the default): each reservation has one
+memfd of its size, and ``map_run`` maps the run's bytes of it ``MAP_SHARED|MAP_FIXED`` and
+readable/writable in one ``mmap``; ``unmap_run`` maps the range back to a reservation and
+punches the run's hole in the file (``fallocate(PUNCH_HOLE)``), which frees its pages, so the
+next ``map_run`` there reads zeros again. A 64 KiB block of 4 KiB chunks costs one ``mmap``
+each way instead of 16 ``memfd_create``/``ftruncate``/``mmap``/``close``. The per-chunk
+primitives stay (a fresh memfd per ``create``): ``runs=False`` makes the executor drive them
+one chunk at a time, as it drives cuda-vmm (the tests of that path run on it).
+
 Unbacked ranges (``unbacked``): ``"fault"`` keeps them ``PROT_NONE``, so touching one faults
 (what a test of "no live block is ever unbacked" wants). ``"scratch"`` makes them private,
 anonymous, ``PROT_READ|PROT_WRITE`` and ``MAP_NORESERVE`` instead: a stray read returns zeros
@@ -56,7 +65,10 @@ MAP_PRIVATE = 0x02
 MAP_FIXED = 0x10
 MAP_ANONYMOUS = 0x20
 MAP_NORESERVE = 0x4000
+MAP_POPULATE = 0x8000
 MADV_POPULATE_WRITE = 23
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 _counter = itertools.count()
@@ -86,6 +98,9 @@ class _Libc:
         self.madvise = libc.madvise
         self.madvise.restype = ctypes.c_int
         self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.fallocate = libc.fallocate
+        self.fallocate.restype = ctypes.c_int
+        self.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
 _LIBC: _Libc | None = None
@@ -123,6 +138,7 @@ class HostVmmBackend(TrackedBackend):
         devices=("cpu",),
         plugin=True,
         summary="the CPU twin of CUDA VMM (mmap/memfd)",
+        lazy_pages=True,
     )
     reserve_commits = False
     fresh_memory_is_zero = True
@@ -136,6 +152,8 @@ class HostVmmBackend(TrackedBackend):
         "unmap": "mmap(MAP_FIXED|PROT_NONE)",
         "release": "close",
         "free": "munmap",
+        "map_run": "mmap(MAP_FIXED|MAP_SHARED)",
+        "unmap_run": "fallocate(PUNCH_HOLE)",
     }
 
     @classmethod
@@ -162,6 +180,7 @@ class HostVmmBackend(TrackedBackend):
         assume_zeroed: bool = True,
         unbacked: str = "fault",
         latency: DeviceLatency | None = None,
+        runs: bool = True,
     ) -> None:
         why = self.available()
         if why is not None:
@@ -185,8 +204,11 @@ class HostVmmBackend(TrackedBackend):
         self._granularity = round_up(granularity or page, page)
         self._populate = populate
         self.fresh_memory_is_zero = assume_zeroed
+        self.maps_runs = runs
         self.memfd_name = f"kvplan-{os.getpid()}-{next(_counter)}"
         self._c = _libc()
+        self._files: dict[int, int] = {}
+        """Reservation base → the memfd backing its runs (made at its first ``map_run``)."""
         self.latency = latency if latency is not None else latency_from(os.environ)
         """The emulated device's waits (``None``: host-vmm's own costs only)."""
 
@@ -224,6 +246,9 @@ class HostVmmBackend(TrackedBackend):
         if self._c.munmap(address, length) != 0:
             raise BackendCallError("munmap", f"{address:#x}+{length}: {_errno_text()}")
         del self._reservations[address]
+        fd = self._files.pop(address, None)
+        if fd is not None:
+            os.close(fd)
 
     # -- physical memory ------------------------------------------------------------------
     def create(self, size: int) -> Any:
@@ -285,6 +310,57 @@ class HostVmmBackend(TrackedBackend):
         del self._mappings[address]
         if self.latency is not None:
             self.latency.charge("unmap", size)
+
+    # -- runs (maps_runs) ------------------------------------------------------------------
+    def _file(self, call: str, address: int, size: int) -> tuple[int, int]:
+        """The memfd backing the reservation around ``[address, address + size)`` and the
+        range's offset in it (the memfd is made, of the reservation's size, when needed)."""
+        base = self._check_reserved(call, address, size)
+        fd = self._files.get(base)
+        if fd is None:
+            try:
+                fd = os.memfd_create(self.memfd_name, os.MFD_CLOEXEC)
+            except OSError as exc:
+                raise BackendCallError("memfd_create", str(exc)) from exc
+            try:
+                os.ftruncate(fd, self._reservations[base])
+            except OSError as exc:
+                os.close(fd)
+                size = self._reservations[base]
+                raise BackendCallError("ftruncate", f"{size} bytes: {exc}") from exc
+            self._files[base] = fd
+        return fd, address - base
+
+    def map_run(self, address: int, size: int) -> None:
+        call = "mmap(MAP_FIXED|MAP_SHARED)"
+        fd, offset = self._file(call, address, size)
+        if self._mappings.overlaps(address, size):
+            raise BackendCallError(call, f"{address:#x}+{size} overlaps a mapping")
+        flags = MAP_SHARED | MAP_FIXED | (MAP_POPULATE if self._populate else 0)
+        got = self._c.mmap(address, size, PROT_RW, flags, fd, offset)
+        if got != address:
+            raise BackendCallError(call, f"{address:#x}+{size}: {_errno_text()}")
+        self._mappings[address] = size
+        if self.latency is not None:
+            for op in ("create", "map", "set_access"):
+                self.latency.charge(op, size)
+
+    def unmap_run(self, address: int, size: int) -> None:
+        fd, offset = self._file("fallocate(PUNCH_HOLE)", address, size)
+        if not self._mappings.cut(address, size):
+            raise BackendCallError(
+                "mmap(MAP_FIXED|PROT_NONE)", f"{address:#x}+{size} is not wholly mapped"
+            )
+        flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE
+        if self._c.mmap(address, size, self._unbacked_prot, flags, -1, 0) != address:
+            self._mappings[address] = size  # still mapped as it was
+            raise BackendCallError("mmap(MAP_FIXED|PROT_NONE)", _errno_text())
+        if self._c.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, size):
+            # the range is a reservation again; only the file keeps its pages until closed
+            raise BackendCallError("fallocate(PUNCH_HOLE)", f"{size} bytes: {_errno_text()}")
+        if self.latency is not None:
+            for op in ("unmap", "release"):
+                self.latency.charge(op, size)
 
     # -- data -----------------------------------------------------------------------------
     def zero(self, address: int, size: int) -> None:

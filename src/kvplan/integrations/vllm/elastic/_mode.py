@@ -130,7 +130,11 @@ class ElasticMode:
 
     def bind(self, plan: BindingPlan, *, backend: str, device: str) -> BoundKVCache:
         from kvplan.executor import apply
+        from kvplan.executor.backends import backend_info
 
+        # pages committed when mapped (as cuMemCreate commits them): the forward that first
+        # writes a block takes no page faults, and a block mapped ahead is ready
+        lazy = {"populate": True} if backend_info(backend).lazy_pages else {}
         cache = apply(
             plan,
             backend=backend,
@@ -138,6 +142,7 @@ class ElasticMode:
             mode="elastic",
             chunk_size=elastic_chunk_bytes(backend),
             unbacked="fault" if self.settings.poison else "scratch",
+            **lazy,
         )
         try:
             # Block 0 is vLLM's null block: padding and dummy runs read it, it stays backed.

@@ -125,8 +125,9 @@ class WorkerSide:
         if self.settings.fail_map != self.count["map_calls"]:
             cache.ensure_mapped(blocks)
             return
-        # test-only fault injection: the chunks are mapped, granting access fails, the
-        # transaction rolls them back -- as when the device runs out of memory mid-step
+        # test-only fault injection: granting access fails (per chunk: after the chunks were
+        # mapped; host-vmm's runs: the first run's call), the transaction rolls back what it
+        # mapped -- as when the device runs out of memory mid-step
         from kvplan.executor.backends.faults import FaultyBackend
 
         logger.warning(
@@ -134,7 +135,7 @@ class WorkerSide:
             self.label, self.count["map_calls"],
         )  # fmt: skip
         real = cache.backend
-        cache.backend = FaultyBackend(real, fail_ops={"set_access"})
+        cache.backend = FaultyBackend(real, fail_ops={"set_access", "map_run"})
         try:
             cache.ensure_mapped(blocks)
         finally:
