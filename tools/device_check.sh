@@ -21,6 +21,7 @@ python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.stdout" || status=1
 python3 -m pytest -o addopts="-ra --strict-markers" -m gpu -q -p no:cacheprovider tests/executor 2>&1 | tee "$OUT/pytest_gpu.log" \
   || status=1
 python3 tests/planner/legacy/_gpu_check.py 2>&1 | tee "$OUT/legacy_gpu_check.log" || status=1
+python3 benchmarks/gpu_elastic.py 2>&1 | tee "$OUT/gpu_elastic.log" || status=1
 # elastic serving (#10): cuda-vmm map/unmap churn next to kvcached's per-2 MiB costs, and an
 # eager 60 GiB bind at 2 MiB vs 128 MiB chunks; --write-docs fills the marked section of
 # docs/performance.md, copied back through $OUT (this working tree does not come back)
