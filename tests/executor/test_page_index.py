@@ -194,7 +194,15 @@ def test_property_matches_brute_force(
     )
     index = PageIndex(plan)
     for b in range(num_blocks):
-        assert {k: as_bytes(v) for k, v in index.block_ranges(b).items()} == brute_force(plan, b)
+        want = brute_force(plan, b)
+        assert {k: as_bytes(v) for k, v in index.block_ranges(b).items()} == want
+        for chunk in (1, 3, 16, 4096):  # a chunk is needed when any of its bytes is
+            assert index.block_chunks(b, chunk) == {
+                k: {byte // chunk for byte in v} for k, v in want.items()
+            }
+    blocks = list(range(num_blocks))[::2]
+    union = {k: set().union(*(brute_force(plan, b)[k] for b in blocks)) for k in want}
+    assert index.blocks_chunks(blocks, 16) == {k: {x // 16 for x in v} for k, v in union.items()}
 
 
 def test_page_index_is_pure() -> None:

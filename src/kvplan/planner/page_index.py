@@ -186,6 +186,7 @@ class PageIndex:
             for v in plan.views
             if v.pool in pools
         )
+        self._spans, self._fixed = _block_spans(self.views, self.pool_sizes)
 
     def check_block(self, block: int) -> bool:
         """Whether ``block`` is a valid block id."""
@@ -196,16 +197,10 @@ class PageIndex:
         block_list = list(dict.fromkeys(blocks))
         if not block_list:
             return out
-        for vr in self.views:
-            acc = out[vr.pool]
-            if vr.whole:
-                acc.extend(vr.template)
-                continue
-            for b in block_list:
-                first = b * vr.ratio
-                for r in range(first, min(first + vr.ratio, vr.rows)):
-                    at = vr.base + r * vr.row_stride
-                    acc.extend((at + s, at + e) for s, e in vr.template)
+        for name, acc in out.items():
+            acc.extend(self._fixed[name])
+            for lo, hi, shift, stop in self._spans[name]:
+                acc.extend((lo + b * shift, hi + b * shift) for b in block_list if b < stop)
         return out
 
     def block_ranges(self, block: int) -> dict[str, list[Range]]:
@@ -228,17 +223,57 @@ class PageIndex:
         """Chunk ids (``chunk i`` = bytes ``[i*chunk_bytes, (i+1)*chunk_bytes)``) per pool."""
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
+        block_list = list(dict.fromkeys(blocks))
         out: dict[str, set[int]] = {}
-        for name, ranges in self.blocks_ranges(blocks).items():
+        for name, size in self.pool_sizes.items():
             ids: set[int] = set()
-            for s, e in ranges:
-                ids.update(range(s // chunk_bytes, (e - 1) // chunk_bytes + 1))
+            if block_list:
+                for s, e in self._fixed[name]:
+                    s, e = max(s, 0), min(e, size)
+                    if e > s:
+                        ids.update(range(s // chunk_bytes, (e - 1) // chunk_bytes + 1))
+            for lo, hi, shift, stop in self._spans[name]:
+                for b in block_list:
+                    if b < stop:
+                        s, e = max(lo + b * shift, 0), min(hi + b * shift, size)
+                        if e > s:
+                            ids.update(range(s // chunk_bytes, (e - 1) // chunk_bytes + 1))
             out[name] = ids
         return out
 
     def block_chunks(self, block: int, chunk_bytes: int) -> dict[str, set[int]]:
         """Chunk ids ``block`` needs mapped, per pool."""
         return self.blocks_chunks([block], chunk_bytes)
+
+
+Span = tuple[int, int, int, int]
+"""``(lo, hi, shift, stop)``: block ``b < stop`` touches ``[lo + b*shift, hi + b*shift)``."""
+
+
+def _block_spans(
+    views: Iterable[ViewRows], pool_sizes: dict[str, int]
+) -> tuple[dict[str, tuple[Span, ...]], dict[str, tuple[Range, ...]]]:
+    """Per pool, the bytes of any block as few affine spans (a view's rows of block 0, merged
+    with every view that shifts by as much per block) plus the ranges every block touches
+    (whole views): the page index is affine in the block id, so a block's ranges are a
+    multiply-add per span, not a walk of every view's rows."""
+    by_shift: dict[tuple[str, int, int], list[Range]] = {}
+    fixed: dict[str, list[Range]] = {name: [] for name in pool_sizes}
+    for vr in views:
+        if vr.whole:
+            fixed[vr.pool].extend(vr.template)
+            continue
+        runs = by_shift.setdefault((vr.pool, vr.ratio * vr.row_stride, vr.rows // vr.ratio), [])
+        for r in range(vr.ratio):
+            at = vr.base + r * vr.row_stride
+            runs.extend((at + s, at + e) for s, e in vr.template)
+    spans: dict[str, list[Span]] = {name: [] for name in pool_sizes}
+    for (pool, shift, stop), runs in by_shift.items():
+        spans[pool].extend((lo, hi, shift, stop) for lo, hi in merge_ranges(runs))
+    return (
+        {name: tuple(found) for name, found in spans.items()},
+        {name: tuple(merge_ranges(found)) for name, found in fixed.items()},
+    )
 
 
 def range_bytes(ranges: Iterable[Range]) -> int:
