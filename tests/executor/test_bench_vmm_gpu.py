@@ -89,7 +89,8 @@ def test_tiny_run_on_a_gpu(tmp_path: Path) -> None:
     """The whole script with tiny sizes: every section measured, the docs writer works."""
     docs = tmp_path / "performance.md"
     docs.write_text("# Performance\n")
-    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHONPATH=str(ROOT / "src"))
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHONPATH=path)  # keep carried wheels
     args = ["--chunks", "8", "--rounds", "2", "--eager-gib", "0.25", "--repeats", "2"]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--write-docs", "--docs", str(docs)],
