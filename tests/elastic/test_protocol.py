@@ -177,7 +177,7 @@ def test_a_failed_map_rolls_the_steps_maps_back_and_says_which_blocks() -> None:
     inner = HostVmmBackend(unbacked="fault")
     faulty = FaultyBackend(inner)
     worker = _worker(backend=faulty)
-    faulty.fail_ops = {"map"}
+    faulty.fail_ops = {"map", "map_run"}
     with pytest.raises(elastic.MapFailed) as failed:
         worker.apply(_ops(worker, seq=7, map=(1, 2), live_blocks=2))
     assert failed.value.seq == 7 and failed.value.blocks == (1, 2)
@@ -239,6 +239,11 @@ def test_debug_skip_map_counts_an_idle_engines_map_ahead_too() -> None:
             {"KVPLAN_MAP_RETRY": "2.5s"},
             {"map_retry": 2.5},
         ),
+        (
+            {"KVPLAN_BUSY_RESERVE": "2GiB"},
+            {"busy_reserve": 2 << 30, "reserve": None},
+        ),
+        ({"KVPLAN_BUSY_RESERVE": "0"}, {"busy_reserve": 0}),
     ],
 )
 def test_settings(env: dict[str, str], fields: dict[str, Any]) -> None:

@@ -110,7 +110,7 @@ def _engine(
         cache = apply(plan, backend="host-vmm", mode="elastic", chunk_size=PAGE)
         cache.ensure_mapped([0])
         if rank == fail_rank:
-            cache.backend = FaultyBackend(cache.backend, fail_ops={"set_access"})
+            cache.backend = FaultyBackend(cache.backend, fail_ops={"set_access", "map_run"})
         runner = Runner()
         worker_state.attach_worker(
             runner,
@@ -129,9 +129,10 @@ def _engine(
     return pool, side, core, Scheduler(), caches
 
 
-def _step(side: SchedulerSide, caches: list[Any]) -> None:
-    """One engine step: give back, then the operations on every rank, the output confirming."""
-    side.before_schedule()
+def _step(side: SchedulerSide, caches: list[Any], scheduler: Any = None) -> None:
+    """One engine step: give back, then the operations on every rank, the output confirming
+    (``scheduler``: whether requests are unfinished, which sizes the reserve)."""
+    side.before_schedule(scheduler)
     ops = side.ops()
     if ops is not None:
         for cache in caches:
@@ -279,10 +280,11 @@ def test_mapping_ahead_never_maps_past_the_effective_limit(events: list[tuple[st
                 side.limit = max(side.floor, (4 + n) * BLOCK // 2)
                 side.dirty = True
             elif op == "step":
-                _step(side, caches)
+                _step(side, caches, scheduler)
                 assert side.ledger.mapped_bytes <= max(
                     side.effective_limit(), BLOCK * (1 + len(held))
                 )
+                assert side.reserve_bytes <= max(side.reserve_target(), side.reserve)
             else:
                 limit = side.effective_limit()
                 before = side.ledger.mapped_bytes
@@ -342,3 +344,82 @@ def test_a_member_that_tripped_over_a_bad_file_resumes_once_it_is_fixed(tmp_path
     finally:
         for cache in caches_a + caches_b:
             cache.close()
+
+
+def test_a_busy_engine_keeps_the_pages_its_steps_free_and_uses_them_first() -> None:
+    """While requests are unfinished the reserve follows what the steps take (twice the most
+    one step took, up to ``KVPLAN_BUSY_RESERVE``): blocks a request frees stay backed and go to
+    the front of vLLM's free queue, so the next request's step maps nothing; once idle, the
+    watcher gives them back down to ``KVPLAN_RESERVE``."""
+    pool, side, core, scheduler, caches = _engine(limit=32 * BLOCK, reserve=0)
+    try:
+        assert side.busy_reserve == 8 * BLOCK  # a quarter of the limit
+        scheduler.unfinished = 1
+        first = pool.get_new_blocks(4)
+        _step(side, caches, scheduler)
+        assert list(side.taken) == [4] and side.reserve_target() == 8 * BLOCK
+        pool.free_blocks(first)  # the request finished; another one is running
+        _step(side, caches, scheduler)
+        assert side.reserve_bytes == 4 * BLOCK and side.ledger.backed == set(range(5))
+        again = pool.get_new_blocks(4)  # handed out first: no page to map
+        assert {b.block_id for b in again} == {b.block_id for b in first}
+        ops = side.ops()
+        assert ops is None or ops.map == ()
+        assert caches[0].mapped_blocks == side.ledger.backed
+        pool.free_blocks(again)
+        _step(side, caches, scheduler)
+        scheduler.unfinished = 0  # idle now: the watcher sees the busy reserve and gives it back
+        assert reclaim.Watcher(core, scheduler, side).due()
+        assert reclaim.reclaim_idle(core, scheduler, side)
+        assert side.ledger.backed == {0} and caches[0].mapped_blocks == {0}
+        assert not reclaim.Watcher(core, scheduler, side).due()
+    finally:
+        caches[0].close()
+
+
+def test_the_busy_reserve_follows_demand_within_its_cap_and_the_limit() -> None:
+    pool, side, _core, scheduler, caches = _engine(limit=16 * BLOCK, reserve=BLOCK)
+    try:
+        scheduler.unfinished = 1
+        assert side.reserve_target() == BLOCK  # no step yet: KVPLAN_RESERVE
+        side.before_schedule(scheduler)
+        for taken in (1, 3, 2):
+            side.handed_out(taken)
+            side.ops()
+        assert side.reserve_target() == min(side.busy_reserve, 2 * 3 * BLOCK) == 4 * BLOCK
+        side.busy_reserve = 64 * BLOCK  # never beyond the limit
+        assert side.reserve_target() == 6 * BLOCK
+        side.handed_out(20)
+        side.ops()
+        assert side.reserve_target() == 16 * BLOCK
+        side.busy_reserve = 0  # KVPLAN_BUSY_RESERVE=0: the reserve is KVPLAN_RESERVE, busy or not
+        assert side.reserve_target() == BLOCK
+        scheduler.unfinished = 0
+        side.before_schedule(scheduler)
+        side.busy_reserve = 64 * BLOCK
+        assert side.reserve_target() == BLOCK  # idle
+        del pool
+    finally:
+        caches[0].close()
+
+
+def test_a_lowered_effective_limit_takes_a_busy_engines_reserve_first() -> None:
+    """A lowered limit, or a group member's claim (the effective limit is the lower of the
+    limit and the grant), takes the busy reserve's pages before any block in use."""
+    pool, side, _core, scheduler, caches = _engine(limit=32 * BLOCK, reserve=0)
+    try:
+        scheduler.unfinished = 1
+        held = pool.get_new_blocks(6)
+        _step(side, caches, scheduler)
+        pool.free_blocks(held[:4])
+        _step(side, caches, scheduler)
+        assert side.reserve_bytes == 4 * BLOCK
+        side.limit = 4 * BLOCK
+        side.dirty = True
+        _step(side, caches, scheduler)
+        # null block + 2 in use + what is left of the reserve: exactly what the limit allows
+        assert side.ledger.mapped_bytes == 4 * BLOCK and side.reserve_bytes == BLOCK
+        assert {b.block_id for b in held[4:]} < side.ledger.backed
+        assert caches[0].mapped_blocks == side.ledger.backed
+    finally:
+        caches[0].close()

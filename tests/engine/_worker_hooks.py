@@ -68,7 +68,7 @@ def install_rank_failure(rank: int, number: int) -> None:
             "_worker_hooks: %s fails map #%d on purpose", self.label, number
         )
         cache, backend = self.cache, self.cache.backend
-        cache.backend = FaultyBackend(backend, fail_ops={"set_access"})
+        cache.backend = FaultyBackend(backend, fail_ops={"set_access", "map_run"})
         try:
             cache.ensure_mapped(blocks)
         finally:

@@ -26,6 +26,7 @@ CASES: dict[str, tuple[dict[str, str], Callable[[Path], dict[str, str]], str]] =
     "memory limit lots (eager)": (EAGER, lambda _: {"KVPLAN_MEMORY_LIMIT": "lots"}, "KVP501"),
     "cache limit 2PiB (elastic)": (ELASTIC, lambda _: {"KVPLAN_CACHE_LIMIT": "2PiB"}, "KVP501"),
     "reserve 2PiB (elastic)": (ELASTIC, lambda _: {"KVPLAN_RESERVE": "2PiB"}, "KVP501"),
+    "busy reserve some (elastic)": (ELASTIC, lambda _: {"KVPLAN_BUSY_RESERVE": "some"}, "KVP501"),
     "host-vmm latency profile fast (elastic)": (
         ELASTIC,
         lambda _: {"KVPLAN_HOST_VMM_LATENCY": "fast"},
@@ -50,6 +51,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         "KVPLAN_MEMORY_LIMIT",
         "KVPLAN_CACHE_LIMIT",
         "KVPLAN_RESERVE",
+        "KVPLAN_BUSY_RESERVE",
         "KVPLAN_HOST_VMM_LATENCY",
     ):
         monkeypatch.delenv(name, raising=False)

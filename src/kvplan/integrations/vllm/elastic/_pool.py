@@ -40,11 +40,31 @@ class _ElasticPool:
         finally:
             side.plain_count = False
         side.backed([b.block_id for b in got])
+        side.handed_out(len(got))
         return got
 
     def free_blocks(self, ordered_blocks: Any) -> None:
-        super().free_blocks(ordered_blocks)  # type: ignore[misc]
-        self._kvplan.changed()
+        """vLLM's, then the freed blocks that are backed and hold no cache entry go to the
+        front of the free queue, so vLLM hands them out again first: their pages are reused
+        (the reserve, see :meth:`SchedulerSide.reserve_target`) instead of being given back
+        while blocks further along are mapped. Blocks with cache entries keep vLLM's order
+        (the LRU order of its prefix cache); for uncached blocks the order changes nothing
+        but which pages back them."""
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)  # type: ignore[misc]
+        side = self._kvplan
+        backed = side.ledger.backed
+        spare = [
+            b
+            for b in blocks
+            if b.ref_cnt == 0 and b.block_hash is None and b.block_id in backed and b.block_id
+        ]
+        if spare:
+            queue = self.free_block_queue  # type: ignore[attr-defined]
+            for block in spare:
+                queue.remove(block)
+            queue.prepend_n(spare)
+        side.changed()
 
     def touch(self, blocks: Any) -> None:
         super().touch(blocks)  # type: ignore[misc]

@@ -134,6 +134,8 @@ class Watcher:
         side = self.side
         if side.ledger.mapped_bytes > side.effective_limit() or side.wants_ahead():
             return True
+        if side.reserve_bytes > side.reserve:  # a busy engine's reserve, now idle
+            return True
         group = side.group
         if group is not None and not side.group_failed and group.changed():
             return True

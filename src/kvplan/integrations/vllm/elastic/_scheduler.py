@@ -12,12 +12,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic._ops import ElasticOps, geometry_digest
-from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
+from kvplan.integrations.vllm.elastic._settings import (
+    ElasticSettings,
+    busy_reserve,
+    default_limits,
+)
 from kvplan.schemas.errors import Diagnostic, KVPlanError
 
 if TYPE_CHECKING:
@@ -39,6 +44,10 @@ GROUP_RETRY_SECONDS = 2.0
 """After the group's accounting failed, how often the engine looks at the group again."""
 LIMIT_POLL_SECONDS = 0.5
 """How often the scheduler looks at ``<KVPLAN_DUMP_DIR>/limit.json`` (``kvplan limit``)."""
+DEMAND_STEPS = 32
+"""A busy engine's reserve follows the most blocks one of its last this many steps took."""
+DEMAND_FACTOR = 2
+"""... times this many: a step's allocations and the next one's find their pages backed."""
 
 
 class SchedulerSide:
@@ -52,6 +61,13 @@ class SchedulerSide:
         self.pool = pool
         self.dump_dir = dump_dir
         self.limit, self.cache_limit, self.reserve = default_limits(settings, ledger.reserved_bytes)
+        self.busy_reserve = busy_reserve(settings, self.limit)
+        """The most a busy engine's reserve may grow to (``KVPLAN_BUSY_RESERVE``)."""
+        self.busy = False
+        """The scheduler had unfinished requests when it last scheduled."""
+        self.taken: deque[int] = deque(maxlen=DEMAND_STEPS)
+        """Blocks vLLM's pool handed out in each of the last steps (see :meth:`reserve_target`)."""
+        self._taking = 0
         self.asked_limit: int | None = settings.limit
         """What was asked (``KVPLAN_MEMORY_LIMIT``, then ``kvplan limit``); ``None``: default."""
         self.digest = geometry_digest(ledger)
@@ -235,6 +251,23 @@ class SchedulerSide:
 
     def headroom(self) -> int:
         return self.effective_limit() - self.ledger.mapped_bytes
+
+    def reserve_target(self) -> int:
+        """The bytes of free, uncached pages to keep backed now: ``KVPLAN_RESERVE``, and while
+        the engine is busy what its steps take -- :data:`DEMAND_FACTOR` times the most blocks
+        one of its last :data:`DEMAND_STEPS` steps took -- up to ``KVPLAN_BUSY_RESERVE``, so
+        the blocks its requests free are used again without giving their pages back and
+        mapping others in between (they are handed out first: ``_pool``). An idle engine
+        goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick)."""
+        if not self.busy or not self.taken:
+            return self.reserve
+        cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
+        demand = DEMAND_FACTOR * max(self.taken) * cost
+        return max(self.reserve, min(self.busy_reserve, demand, self.limit))
+
+    def handed_out(self, count: int) -> None:
+        """vLLM's pool handed out ``count`` blocks in the step being scheduled."""
+        self._taking += count
 
     def free_ids(self) -> Iterator[int]:
         """vLLM's free queue, front first, read lazily (a walk that stops early reads only the
@@ -421,6 +454,11 @@ class SchedulerSide:
             logger.info("kvplan: elastic mapping resumes after the failed map")
         if scheduler is not None and self.group is not None:
             self.demand = demand_blocks(scheduler)
+        unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
+        if unfinished is not None:
+            self.busy = bool(unfinished())
+        if self.reserve_bytes > self.reserve_target():
+            self.dirty = True  # an engine gone idle keeps only KVPLAN_RESERVE
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
             return
@@ -454,7 +492,7 @@ class SchedulerSide:
             free,
             limit=self.effective_limit(),
             cache_limit=self.cache_limit,
-            reserve=self.reserve,
+            reserve=self.reserve_target(),
         )
         self.step_unbacked += mapped - self.ledger.mapped_bytes
         for b in result.evict:
@@ -514,6 +552,9 @@ class SchedulerSide:
 
     def ops(self) -> ElasticOps | None:
         """The operations for the step just scheduled (``None`` when nothing changed)."""
+        if self._taking:
+            self.taken.append(self._taking)
+            self._taking = 0
         pool = self.pool
         live = pool.num_gpu_blocks - 1 - pool.free_block_queue.num_free_blocks
         state = (

@@ -1,6 +1,6 @@
 """Elastic mode's own settings: ``KVPLAN_MEMORY_LIMIT``, ``KVPLAN_CACHE_LIMIT``,
-``KVPLAN_RESERVE``, ``KVPLAN_POISON``, ``KVPLAN_MAP_RETRY`` and the test-only
-``KVPLAN_DEBUG_SKIP_MAP`` / ``KVPLAN_DEBUG_FAIL_MAP`` (read here, handed to the plugin by
+``KVPLAN_RESERVE``, ``KVPLAN_BUSY_RESERVE``, ``KVPLAN_POISON``, ``KVPLAN_MAP_RETRY`` and the
+test-only ``KVPLAN_DEBUG_SKIP_MAP`` / ``KVPLAN_DEBUG_FAIL_MAP`` (read here, handed to the plugin by
 :class:`~kvplan.integrations.vllm.elastic.ElasticMode`), and the defaults derived from them.
 """
 
@@ -18,6 +18,7 @@ from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error
 ENV_MEMORY_LIMIT = "KVPLAN_MEMORY_LIMIT"
 ENV_CACHE_LIMIT = "KVPLAN_CACHE_LIMIT"
 ENV_RESERVE = "KVPLAN_RESERVE"
+ENV_BUSY_RESERVE = "KVPLAN_BUSY_RESERVE"
 ENV_POISON = "KVPLAN_POISON"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
@@ -35,6 +36,10 @@ CACHE_LIMIT_SHARE = 10
 RESERVE_SHARE = 64
 """Default ``KVPLAN_RESERVE``: 1/64 of the memory limit, at most :data:`RESERVE_MAX`."""
 RESERVE_MAX = 256 << 20
+BUSY_RESERVE_SHARE = 4
+"""Default ``KVPLAN_BUSY_RESERVE``: a quarter of the memory limit, at most
+:data:`BUSY_RESERVE_MAX`."""
+BUSY_RESERVE_MAX = 1 << 30
 MAP_RETRY_SECONDS = 1.0
 """Default ``KVPLAN_MAP_RETRY``: after a failed map, no new memory is mapped for this long
 (the blocks already backed are all the engine gets, as if the limit were what is mapped),
@@ -70,6 +75,9 @@ class ElasticSettings:
     """``KVPLAN_GROUP_BUDGET``: the budget a group is created with (its first member)."""
     group_guarantee: int | None = None
     """``KVPLAN_GROUP_GUARANTEE``: this member's guaranteed bytes (default: its floor)."""
+    busy_reserve: int | None = None
+    """``KVPLAN_BUSY_RESERVE``: the most free pages a busy engine keeps backed, following what
+    its steps take (``None``: the default; 0: the reserve is ``KVPLAN_RESERVE`` busy or not)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -81,6 +89,7 @@ class ElasticSettings:
             "memory_limit": self.limit,
             "cache_limit": self.cache_limit,
             "reserve": self.reserve,
+            "busy_reserve": self.busy_reserve,
             "poison": self.poison,
             "debug_skip_map": self.skip_map,
             "debug_fail_map": self.fail_map,
@@ -127,7 +136,12 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
         )
     cache_limit = _size(env, ENV_CACHE_LIMIT, problems)
     reserve = _size(env, ENV_RESERVE, problems)
-    for name, value in ((ENV_CACHE_LIMIT, cache_limit), (ENV_RESERVE, reserve)):
+    busy_reserve = _size(env, ENV_BUSY_RESERVE, problems)
+    for name, value in (
+        (ENV_CACHE_LIMIT, cache_limit),
+        (ENV_RESERVE, reserve),
+        (ENV_BUSY_RESERVE, busy_reserve),
+    ):
         if limit and value is not None and value > limit:  # as `kvplan limit` refuses it
             problems.append(
                 error(
@@ -166,7 +180,7 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
                 )
     settings = ElasticSettings(
         limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens,
-        group, budget, guarantee,
+        group, budget, guarantee, busy_reserve,
     )  # fmt: skip
     return settings, problems
 
@@ -264,3 +278,11 @@ def default_limits(settings: ElasticSettings, reserved: int) -> tuple[int, int, 
         else min(limit // RESERVE_SHARE, RESERVE_MAX)
     )
     return limit, cache, reserve
+
+
+def busy_reserve(settings: ElasticSettings, limit: int) -> int:
+    """``KVPLAN_BUSY_RESERVE`` in bytes, its default applied (a quarter of ``limit``, at most
+    :data:`BUSY_RESERVE_MAX`)."""
+    if settings.busy_reserve is not None:
+        return settings.busy_reserve
+    return min(limit // BUSY_RESERVE_SHARE, BUSY_RESERVE_MAX)
