@@ -62,6 +62,12 @@ MP_GUARANTEE = 9 * BLOCK
 blocks and leaves about 24 cached; idle, it keeps them, so ``B``'s first request (7 blocks)
 must claim."""
 
+A_RESERVE = BUDGET - GUARANTEE
+"""In-process ``A`` keeps this much of free, uncached pages backed while idle (its reserve):
+what an idle borrower holds (without prefix caching an idle engine keeps nothing else: it
+gives back everything above its reserve once its requests are done), so ``B``'s burst must
+claim it."""
+
 BURSTS_IP = [
     co.Burst("A", "a", 12, gap=0.0, **LONG),
     co.Burst("B", "b", 12, gap=0.0, **LONG),
@@ -176,6 +182,7 @@ def _pair(
     options: dict[str, Any],
     env: dict[str, str],
     plan: Any,
+    env_of: dict[str, dict[str, str]] | None = None,
 ) -> Pair:
     control, dumps = work / "control", work / "dumps"
     trace = co.trace(bursts, SEED)
@@ -187,7 +194,8 @@ def _pair(
                     python, name, model, work / f"run-{name}", control,
                     co.group_env(
                         name, dumps / name, group, budget=budget,
-                        KVPLAN_GROUP_GUARANTEE=str(guarantee), **env,
+                        KVPLAN_GROUP_GUARANTEE=str(guarantee),
+                        **env, **(env_of or {}).get(name, {}),
                     ),
                     trace[name], engine=engine_args[name], linger=True, **options,
                 )  # fmt: skip
@@ -227,7 +235,7 @@ def inprocess(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     def plan(phase: Any, sampler: LedgerSampler, windows: dict[str, Any]) -> None:
         control = work / "control"
         phase("a", "A")
-        time.sleep(1.5)  # A idles, holding what it borrowed: vLLM does not step it
+        time.sleep(1.5)  # A idles, holding its reserve: vLLM does not step it
         phase("b", "B")
         time.sleep(0.5)
 
@@ -248,6 +256,7 @@ def inprocess(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         engine_python, work, write_model("llama", work / "model"), BURSTS_IP,
         engine_args={"A": ENGINE_IP, "B": ENGINE_IP}, budget=BUDGET, guarantee=GUARANTEE,
         options={"like_generate": True, "then": "replay"}, env={}, plan=plan,
+        env_of={"A": {"KVPLAN_RESERVE": str(A_RESERVE)}},
     )  # fmt: skip
 
 

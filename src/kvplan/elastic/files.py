@@ -300,9 +300,13 @@ def stats_path(directory: Path, rank: int) -> Path:
 
 
 def write_stats(directory: Path, stats: ElasticStats) -> Path:
-    """Replace this rank's stats file atomically; its path. ``KVP016`` if it cannot be written."""
+    """Replace this rank's stats file atomically; its path. ``KVP016`` if it cannot be written.
+
+    Not fsynced: a snapshot rewritten every half second must survive its writer's death (the
+    rename does) but not the machine's, and must never wait for a disk busy writing back
+    (a signal's last snapshot is written this way too)."""
     path = stats_path(directory, stats.rank)
-    write_text_atomic(path, _to_text(stats), within=directory)
+    write_text_atomic(path, _to_text(stats), within=directory, durable=False)
     return path
 
 

@@ -206,12 +206,15 @@ def write_text_atomic(
     inputs: Sequence[str | Path] = (),
     within: str | Path | None = None,
     make_dirs: bool = False,
+    durable: bool = True,
 ) -> None:
     """Replace ``path`` with ``text`` all at once: readers see the old file or the new one.
 
     The one writer. The text goes to a new temporary file in the same directory (created
-    exclusively, never through a link), is fsynced, then renamed over ``path``; a rename
-    replaces a name and never writes through what stood there. Refused, with nothing
+    exclusively, never through a link), is fsynced (unless not ``durable``: a file rewritten
+    every fraction of a second, whose rename must survive its writer's death but not the
+    machine's, need not wait for the disk), then renamed over ``path``; a rename replaces a
+    name and never writes through what stood there. Refused, with nothing
     written: a path that is one of ``inputs`` (``KVP017``); a symbolic link, a fifo, a
     socket or a device where the file goes, ``-``, or, with ``within``, a path outside that
     directory or through a link below it (``KVP023``); a directory, a missing directory
@@ -236,12 +239,14 @@ def write_text_atomic(
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
             os.fchmod(handle.fileno(), mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
         tmp = ""
-        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
-            os.fsync(folder)
+        if durable:
+            with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
+                os.fsync(folder)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         hint = (

@@ -21,6 +21,8 @@ logger = logging.getLogger("vllm.kvplan")
 
 STATS_PERIOD_SECONDS = 0.5
 """A worker writes its stats file at most this often while figures change."""
+EXIT_WRITE_SECONDS = 5.0
+"""A signal's last snapshot waits at most this long for a write in progress."""
 
 
 def count_step(counts: dict[str, list[int]], kind: str, started: float) -> float:
@@ -65,15 +67,23 @@ class StatsReporter:
     def changed(self) -> None:
         self._dirty.set()
 
-    def _write(self) -> None:
+    def _write(self, wait: float = -1) -> None:
+        """One snapshot, written. ``wait``: how long to wait for a write in progress on the
+        reporter's thread (a signal's last snapshot must not hang its process; ``-1``: as
+        long as it takes)."""
         from kvplan.elastic.files import write_stats
 
-        with self._lock:
+        if not self._lock.acquire(timeout=wait):
+            logger.warning("kvplan: the last elastic stats snapshot was not written in time")
+            return
+        try:
             try:
                 write_stats(self.directory, self.snapshot())
             except (OSError, KVPlanError) as exc:
                 logger.warning("kvplan: cannot write elastic stats: %s", exc)
             self._written = time.monotonic()
+        finally:
+            self._lock.release()
 
     def _run(self) -> None:
         while not self._stop.is_set():

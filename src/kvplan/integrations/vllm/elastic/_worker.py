@@ -21,6 +21,7 @@ from kvplan.integrations.vllm.elastic._ops import (
 )
 from kvplan.integrations.vllm.elastic._settings import ElasticSettings, default_limits
 from kvplan.integrations.vllm.elastic._stats import (
+    EXIT_WRITE_SECONDS,
     StatsReporter,
     count_step,
     engine_name,
@@ -203,7 +204,7 @@ class WorkerSide:
             return
         state, self.state = self.state, "closed"
         try:
-            reporter._write()
+            reporter._write(EXIT_WRITE_SECONDS)
         finally:
             self.state = state
 
