@@ -16,12 +16,12 @@ from pathlib import Path
 ENGINE_UNITS: dict[str, tuple[str, ...]] = {
     "engine:steady-drivers": (
         "test_differential", "test_inspect_releases", "test_engines", "test_reviewed_plans",
-        "test_tensor_parallel", "test_pipeline_parallel", "test_ray",
+        "test_tensor_parallel", "test_ray",
     ),
     "engine:steady-servers": (
         "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_multiprocessing",
         "test_failed_map_multiprocess", "test_openai_server", "test_unservable", "test_soak",
-        "test_multinode",
+        "test_multinode", "test_pipeline_parallel",
     ),
     "engine:timed": ("test_colocation", "test_reclaim", "test_metrics"),
 }  # fmt: skip
