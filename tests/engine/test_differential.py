@@ -46,7 +46,8 @@ def _without_xdist() -> str:
 
 
 NO_XDIST = _without_xdist()
-RELEASES = list(RELEASE_CASES)
+RELEASES = list(reversed(RELEASE_CASES))
+"""Newest first: the first venv built is the one every engine unit starts on (0.32)."""
 
 
 def _env() -> dict[str, str]:

@@ -41,20 +41,25 @@ CASES = {
     "tp2-every-rank": (2, "every"),
     "tp2-rank1": (2, "rank1"),
 }
+"""Case -> (TP size, where the map fails). The cases of one TP size share one driver run
+(its vanilla and reference engines are the same), one failing engine per case."""
 _RUNS = RunsOnce()
 
 
-def variants(work: Path, where: str) -> list[Variant]:
+def failing(where: str) -> str:
+    """The variant (and the suffix of its dump directory) whose map fails ``where``."""
+    return f"map-fails-{where}"
+
+
+def variants(work: Path, tp: int) -> list[Variant]:
     def env(name: str, **extra: str) -> dict[str, str]:
         return kvplan_env("host-vmm", "elastic", work / f"dump-{name}", **extra)
 
-    if where == "every":
-        failing = Variant("map-fails", env("fails", **FAIL))
-    else:  # rank 1 alone: the driver's hook, in that worker
-        hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
-        failing = Variant("map-fails", env("fails", **hook))
+    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
+    how = {"every": FAIL, "rank1": hook}  # rank 1 alone: the driver's hook, in that worker
+    wheres = [where for size, where in CASES.values() if size == tp]
     return [
-        failing,
+        *(Variant(failing(where), env(failing(where), **how[where])) for where in wheres),
         Variant("vanilla"),
         Variant("map-reported", env("reported", **FAIL), reported_map_failure=True),
     ]
@@ -65,16 +70,16 @@ def failed_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], EngineRun]:
     def get(case: str) -> EngineRun:
-        tp, where = CASES[case]
+        tp, _ = CASES[case]
 
         def make() -> EngineRun:
-            work = tmp_path_factory.mktemp(f"failed-map-{case}")
+            work = tmp_path_factory.mktemp(f"failed-map-tp{tp}")
             return run_mp(
-                engine_python, llama_checkpoint, variants(work, where), work, tp=tp,
+                engine_python, llama_checkpoint, variants(work, tp), work, tp=tp,
                 extra_env=STEP_TIMEOUT, timeout=900,
             )  # fmt: skip
 
-        return _RUNS.get(case, make)
+        return _RUNS.get(tp, make)
 
     return get
 
@@ -88,13 +93,14 @@ def _stats(run: EngineRun, dump: str) -> list[dict[str, Any]]:
 def test_a_failed_map_is_running_out_of_blocks_across_processes(
     case: str, failed_run: Callable[[str], EngineRun]
 ) -> None:
-    run = failed_run(case)  # today: the driver fails, the engine stopped with KVP532
-    failed, reference = run.variants["map-fails"], run.variants["map-reported"]
-    assert run.tokens("map-fails") == run.tokens("map-reported")
+    run = failed_run(case)
+    name = failing(CASES[case][1])
+    failed, reference = run.variants[name], run.variants["map-reported"]
+    assert run.tokens(name) == run.tokens("map-reported")
     assert failed["preemptions"] == reference["preemptions"] > 0
     assert run.variants["vanilla"]["preemptions"] == 0
     assert "KVP532" not in run.log
-    stats = _stats(run, "dump-fails")
+    stats = _stats(run, f"dump-{name}")
     tp = CASES[case][0]
     assert len(stats) == tp
     assert sum(s["failed_maps"] for s in stats) >= 1
@@ -109,7 +115,7 @@ def test_the_engine_keeps_serving_after_a_failed_map(
     """The second round (after the failure) is served, from the prefix cache as in the
     reference."""
     run = failed_run(case)
-    failed, reference = run.variants["map-fails"], run.variants["map-reported"]
+    failed, reference = run.variants[failing(CASES[case][1])], run.variants["map-reported"]
     assert len(failed["rounds"]) == 2
     assert [r["cached"] for r in failed["rounds"]] == [r["cached"] for r in reference["rounds"]]
 

@@ -1,4 +1,4 @@
-"""The soak's 2-minute version (``tests/engine/_soak``; the 20-minute one is
+"""The soak's 3-minute version (#28's CI version) (``tests/engine/_soak``; the 20-minute one is
 ``benchmarks/soak.py``, its figures in docs/performance.md): a served elastic engine in a group
 with a neighbour killed (-9) and restarted, bursts of heavy-tailed requests, a new
 ``kvplan limit`` every 20 s. Nothing leaks, nothing hangs, nothing stays borrowed."""
@@ -12,7 +12,7 @@ import pytest
 
 from tests.engine import _soak as soak
 
-SECONDS = 120.0
+SECONDS = 180.0
 FLAT = 0.05
 """Largest growth of a process's anonymous RSS or open fds after warm-up (a quarter of the
 samples; the first burst has the largest requests the soak sends), as a fraction of its first
@@ -25,7 +25,7 @@ def summary(
 ) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("soak")
     run = soak.run(
-        engine_python, llama_checkpoint, work, seconds=SECONDS, limit_every_s=15.0,
+        engine_python, llama_checkpoint, work, seconds=SECONDS, limit_every_s=20.0,
         kill_every_s=60.0,
     )  # fmt: skip
     found = run.summary()
