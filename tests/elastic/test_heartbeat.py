@@ -22,6 +22,10 @@ _WORKER = """
 import faulthandler, signal, sys, time
 from pathlib import Path
 faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks when the process hangs
+# SIGINT as an interactive shell leaves it (a KeyboardInterrupt): a suite started in the
+# background by a non-interactive shell hands its children SIGINT ignored, and an ignored
+# signal must stay ignored (kvplan's handler writes its snapshot and the process goes on)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from kvplan.executor import apply
 from kvplan.integrations.vllm.elastic import ElasticSettings, attach_worker, worker_side
 from tests import _builders as builders

@@ -106,9 +106,10 @@ class ReleaseCases:
     """The :data:`MODEL_CASES` run: every kvplan backend x mode, vanilla, the controls."""
     elastic: tuple[str, ...]
     """The models ``test_elastic`` runs here (poison, drain, tight limit, failed map; CI's
-    time budget: one model on 0.29 and 0.31, none on 0.30, which shares 0.31's adapter
-    ``vllm-0.30-0.31``, and gemma-3n -- whose 30 layers make its eight engines the suite's
-    longest run, ten minutes of one worker -- nowhere). Every
+    time budget: llama on 0.29, whose adapter ``vllm-0.29`` is its alone, none on 0.30 and
+    0.31, whose adapter ``vllm-0.30-0.31`` is checked by their gemma-4 engines, and gemma-3n
+    -- whose 30 layers make its eight engines the suite's longest run, ten minutes of one
+    worker -- nowhere). Every
     model's elastic engine gives vanilla's tokens with unbacked memory poisoned
     (``KVPLAN_POISON=1``) in ``test_engines`` on every release it runs on."""
     reviewed_plans: bool = False
@@ -118,7 +119,8 @@ class ReleaseCases:
     in vanilla vLLM: the model cannot be configured at all in this CPU build)."""
     differential_only: str | None = None
     """A ``-k`` expression: the part of the differential suite run here (``None``: all of it
-    but what is left out). CI's time budget: 0.30 shares its adapter with 0.31 and runs
+    but what is left out). CI's time budget: 0.30 shares its adapter with 0.31, and 0.32
+    with vLLM 0.33 (whose whole differential suite runs in the suite's own venv): they run
     only the llama and gemma-4 cases."""
     known_failures: tuple[tuple[str, str, str], ...] = ()
     """(differential test name, text its failure must show, why): kvplan bugs found on this
@@ -143,7 +145,7 @@ _TORCHVISION = (
 
 RELEASE_CASES = {
     "0.29": ReleaseCases(
-        models=("gemma4", "llama"),
+        models=("gemma4",),
         elastic=("llama",),
         differential_left_out=(
             ("llama4", f"Llama-4: {_TORCHVISION}"),
@@ -162,8 +164,8 @@ RELEASE_CASES = {
         known_failures=(_UNIFORM_DCP,),
     ),
     "0.31": ReleaseCases(
-        models=("gemma4", "llama"),
-        elastic=("llama",),
+        models=("gemma4",),
+        elastic=(),
         differential_left_out=(
             ("llama4", f"Llama-4: {_TORCHVISION}"),
             ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
@@ -176,6 +178,7 @@ RELEASE_CASES = {
         models=("llama", "gemma4", "gemma3n"),
         elastic=("llama", "gemma4"),
         reviewed_plans=True,
+        differential_only="llama or gemma4",
         differential_left_out=(
             ("llama4", f"Llama-4: {_TORCHVISION}"),
             ("spec_kinds_of_the_cases", f"builds Llama-4 too: {_TORCHVISION}"),
@@ -201,7 +204,7 @@ def engine_tested(release: str) -> str:
     cases = RELEASE_CASES.get(release)
     if cases is None:
         return "no"
-    suite = ", ".join(cases.elastic) or "none (the adapter's other release runs it)"
+    suite = ", ".join(cases.elastic) or "none"
     modes = f"torch eager, host-vmm eager, host-vmm elastic; elastic suite: {suite}"
     controls = sorted({b for m in cases.models for b in MODEL_CASES[m].breakages})
     parts = [
