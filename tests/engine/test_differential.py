@@ -29,7 +29,7 @@ import pytest
 
 from tests.engine.cases import RELEASE_CASES
 from tests.engine.conftest import EnginePython
-from tests.engine.harness import ENGINE_ENV, ROOT
+from tests.engine.harness import DEFAULT_RELEASE, ENGINE_ENV, ROOT
 
 SUITE = "tests/integrations/vllm/capture/test_differential.py"
 
@@ -46,8 +46,9 @@ def _without_xdist() -> str:
 
 
 NO_XDIST = _without_xdist()
-RELEASES = list(reversed(RELEASE_CASES))
-"""Newest first: the first venv built is the one every engine unit starts on (0.32)."""
+RELEASES = sorted(RELEASE_CASES, key=lambda release: (release != DEFAULT_RELEASE, release))
+"""0.32 first, then the oldest: the venvs are built in this order, and the other worker starts
+on 0.32's (its elastic suite) and goes on with 0.29's."""
 
 
 def _env() -> dict[str, str]:
