@@ -109,9 +109,8 @@ class ReleaseCases:
     time budget: llama on 0.29, whose adapter ``vllm-0.29`` is its alone, none on 0.30 and
     0.31, whose adapter ``vllm-0.30-0.31`` is checked by their gemma-4 engines, and gemma-3n
     -- whose 30 layers make its eight engines the suite's longest run, ten minutes of one
-    worker -- nowhere). Every
-    model's elastic engine gives vanilla's tokens with unbacked memory poisoned
-    (``KVPLAN_POISON=1``) in ``test_engines`` on every release it runs on."""
+    worker -- nowhere). Every model's elastic engine gives vanilla's tokens with unbacked
+    memory poisoned (``KVPLAN_POISON=1``) in ``test_engines`` on every release it runs on."""
     reviewed_plans: bool = False
     """``test_reviewed_plans`` (``KVPLAN_PLAN_DIR``) runs here."""
     differential_left_out: tuple[tuple[str, str], ...] = ()
