@@ -12,7 +12,10 @@ machine's speed):
    (``kv_cache_memory_bytes``), started alone, which exits at once; then ``llama`` with
    ``KVPLAN_CAPACITY``, started alone; then ``gemma``;
 2. ``a``: llama bursts while gemma idles; ``b``: the reverse; ``ab``: both at once;
-3. ``k``: both burst and llama is killed (``kill -9``) mid-burst;
+3. ``k``: llama bursts; once the group grants it more than an idle llama holds, gemma bursts
+   too (``k-gemma``); once gemma holds its guarantee, llama is killed (``kill -9``) mid-burst
+   (opened together, whichever engine asked first could take the budget, and a llama left at
+   its guarantee finished its burst without borrowing: seen in CI);
 4. ``load``: gemma serves a steady trickle while ``llama`` is started again (same name), a
    second told-size llama (``told-load``) starts, and an engine whose guarantee does not fit
    the budget (``big``) is refused;
@@ -88,7 +91,7 @@ BURSTS = [
     co.Burst("llama", "ab", 10, gap=0.0, **LONG),
     co.Burst("gemma", "ab", 10, gap=0.0, **LONG),
     co.Burst("llama", "k", 32, gap=0.0, prompt=(40, 60), new=(48, 64)),
-    co.Burst("gemma", "k", 32, gap=0.0, prompt=(40, 60), new=(48, 64)),
+    co.Burst("gemma", "k-gemma", 32, gap=0.0, prompt=(40, 60), new=(48, 64)),
     co.Burst("gemma", "load", 120, gap=1.0, prompt=(20, 60), new=(2, 6)),
     co.Burst("llama2", "r", 10, gap=0.0, **LONG),
 ]
@@ -206,20 +209,38 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
     phase("b", ["gemma"])
     phase("ab", ["llama-1", "gemma"])
 
-    # 3. both burst; llama is killed mid-burst
-    def kill_llama() -> None:
-        co.wait_for(
-            "llama mid-burst",
-            lambda: _granted(group, "llama") >= KILL_AT_BYTES or co.done(control, "llama-1", "k"),
-            600,
-            live,
-        )
-        assert not co.done(control, "llama-1", "k"), "llama's burst ended before it was killed"
-        scenario.killed_at = llama.kill()
-        scenario.died_at = time.time()
-        live.remove(llama)
+    # 3. llama bursts, then gemma; llama is killed mid-burst
+    def llama_done() -> bool:
+        return co.done(control, "llama-1", "k")
 
-    phase("k", ["gemma"], then=kill_llama)
+    scenario.phase_starts["k"] = co.go(control, "k")
+    co.wait_for(
+        "llama mid-burst",
+        lambda: _granted(group, "llama") >= KILL_AT_BYTES or llama_done(),
+        600,
+        live,
+    )
+    assert not llama_done(), "llama's burst ended before it borrowed"
+    idle_gemma = _granted(group, "gemma")
+    co.go(control, "k-gemma")
+
+    def gemma_bursting() -> bool:  # holding its guarantee, and more than it held idle
+        granted = _granted(group, "gemma")
+        return granted >= FLOOR["gemma"] and granted > idle_gemma
+
+    co.wait_for(
+        "gemma at its guarantee",
+        lambda: gemma_bursting() or llama_done(),
+        600,
+        live,
+    )
+    assert not llama_done(), "llama's burst ended before gemma took its guarantee"
+    scenario.killed_at = llama.kill()
+    scenario.died_at = time.time()
+    live.remove(llama)
+    co.wait_for("phase k", lambda: co.done(control, "gemma", "k-gemma"), 600, live)
+    scenario.phase_ends["k"] = time.time()
+    time.sleep(0.6)  # the idle engines' last stats snapshots
     scenario.snapshots["after-k"] = read_snapshot(group).model_dump()
 
     # 4. gemma serves a trickle; llama restarts, told-load starts, big is refused
