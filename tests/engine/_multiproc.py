@@ -12,13 +12,17 @@ enough allowed NUMA nodes to bind threads of 2 local CPUWorkers").
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.engine._models import BLOCK_SIZE
 from tests.engine._nodes import LOOPBACK_ENV
 from tests.engine.cases import ENGINE_ARGS
-from tests.engine.harness import EngineRun, Variant, run_engines
+from tests.engine.harness import EngineRun, RunsOnce, Variant, run_engines
 
 NUM_BLOCKS = 256
 LAYERS, KV_HEADS, HEAD_DIM, DTYPE_BYTES = 4, 2, 64, 4
@@ -101,3 +105,48 @@ def run_mp(
 def dumped(folder: Path) -> dict[str, Any]:
     """The JSON files of a dump directory, by name."""
     return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+Contribution = Callable[[Path], list[Variant]]
+
+
+@dataclass
+class SharedRuns:
+    """One driver run per shape (TP size) whose variants several test files contribute: each
+    file registers its variants when pytest imports it (:meth:`contribute`), and the first
+    test that asks for the shape (:meth:`get`) runs every contributed variant in one driver,
+    one vanilla engine for all (the same model, prompts and engine arguments; a variant name
+    contributed twice must be the same variant). Contributors run in one unit of
+    ``tests.engine._units``: a worker that asked alone would run the others' variants too."""
+
+    contributions: dict[int, list[Contribution]] = field(default_factory=dict)
+    extra_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    runs: RunsOnce = field(default_factory=RunsOnce)
+
+    def contribute(
+        self, tp: int, variants: Contribution, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.contributions.setdefault(tp, []).append(variants)
+        self.extra_env.setdefault(tp, {}).update(extra_env or {})
+
+    def variants(self, tp: int, work: Path) -> list[Variant]:
+        found: dict[str, Variant] = {}
+        for contribution in self.contributions.get(tp, []):
+            for variant in contribution(work):
+                if found.setdefault(variant.name, variant) != variant:
+                    raise AssertionError(f"two variants named {variant.name!r} differ")
+        return list(found.values())
+
+    def get(self, tp: int, python: Path, model: Path, factory: pytest.TempPathFactory) -> EngineRun:
+        def make() -> EngineRun:
+            work = factory.mktemp(f"mp-tp{tp}")
+            return run_mp(
+                python, model, self.variants(tp, work), work, tp=tp, extra_env=self.extra_env[tp]
+            )
+
+        return self.runs.get(tp, make)
+
+
+SHARED = SharedRuns()
+"""The one-node multiprocess runs at TP=1 and TP=2 (``test_multiprocessing``,
+``test_tensor_parallel`` and ``test_failed_map_multiprocess``)."""

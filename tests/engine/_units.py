@@ -2,11 +2,11 @@
 
 Each unit runs on one worker, its files one after the other in :data:`ENGINE_UNITS`' order;
 the two ``steady`` units start at once, one per worker, and the rest of the suite fills
-whichever worker is free. ``timed`` -- the tests that bound seconds (a reclaim within one
-tick, a scrape within a refresh) -- starts only once every other test is done, so it has
-the machine to itself (``tests/conftest.py``'s scheduler holds it back). Files that share a
-session fixture's engines (``engine_run``) are in one unit. A test file not named here joins
-``steady-servers``.
+whichever worker is free. Files that share engines (a driver run of ``_multiproc.SHARED``, a
+session fixture's such as ``engine_run``) are in one unit. ``timed`` -- the tests that bound
+seconds (a reclaim within one tick, a scrape within a refresh) -- starts only once every other
+test is done, so it has the machine to itself (``tests/conftest.py``'s scheduler holds it
+back). A test file not named here joins ``steady-servers``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 ENGINE_UNITS: dict[str, tuple[str, ...]] = {
     "engine:steady-drivers": (
         "test_differential", "test_inspect_releases", "test_engines", "test_reviewed_plans",
-        "test_tensor_parallel", "test_ray",
+        "test_multiprocessing", "test_tensor_parallel", "test_failed_map_multiprocess",
+        "test_ray",
     ),
     "engine:steady-servers": (
-        "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_multiprocessing",
-        "test_failed_map_multiprocess", "test_openai_server", "test_unservable", "test_soak",
-        "test_multinode", "test_pipeline_parallel",
+        "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_openai_server",
+        "test_unservable", "test_soak", "test_multinode", "test_pipeline_parallel",
     ),
     "engine:timed": ("test_colocation", "test_reclaim", "test_metrics"),
 }  # fmt: skip

