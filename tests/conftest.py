@@ -101,14 +101,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     """With pytest-xdist (``-n 2`` in pyproject's addopts): the engine tests in the units of
     ``tests.engine._units`` (a unit's tests on one worker, in collection order), every other
-    test a unit of its own on whichever worker is free, and the ``timed`` unit held back
-    until no other test is left to run. (xdist's own ``--dist loadgroup`` groups by a suffix
-    it adds to node ids, which pytest 9 no longer keeps.)
+    test a unit of its own (or of its file's: ``_units.scope_of``) on whichever worker is
+    free, and two units held back: ``beside-the-rest`` until no worker holds a test of a
+    steady engine unit (it then goes to the next worker with room, ahead of the rest of the
+    suite, which the other worker goes on with), ``timed`` until no other test is left to
+    run. (xdist's own ``--dist loadgroup`` groups by a suffix it adds to node ids, which
+    pytest 9 no longer keeps.)
 
     A worker never runs the last test it was sent until it gets more or is told to stop
     (pytest needs the next item to tear fixtures down), so "nothing else left" is: no worker
     holds more than that one test. The other workers are then stopped (each runs its last
-    test and exits), and once their last tests are done the timed unit goes to the one kept.
+    test and exits), and once their last tests are done the held-back units still queued go
+    to the one kept, in order.
     """
     from xdist.scheduler import LoadScopeScheduling
 
@@ -119,7 +123,7 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
         """The worker the timed unit goes to (chosen when nothing else is left)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return _units.unit_of(nodeid) or nodeid
+            return _units.scope_of(nodeid)
 
         def schedule(self) -> None:
             self.config.option.loadscopereorder = False  # collection order is the plan
@@ -127,15 +131,35 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
 
         def mark_test_complete(self, node, item_index, duration=0):  # type: ignore[no-untyped-def]
             super().mark_test_complete(node, item_index, duration)
-            for other in list(self.nodes):  # a worker waiting for the timed unit
+            for other in list(self.nodes):  # a worker waiting for a held-back unit
                 if other is not node:
                     self._reschedule(other)
 
         def _pending(self, node) -> int:  # type: ignore[no-untyped-def]
             return self._pending_of(self.assigned_work.get(node, {}))
 
+        def _steady_left(self) -> bool:
+            """Whether a steady engine unit is still queued, or a worker holds one of its
+            tests not yet done."""
+            return any(unit in self.workqueue for unit in _units.STEADY) or any(
+                not all(tests.values())
+                for n in self.nodes
+                for unit, tests in self.assigned_work.get(n, {}).items()
+                if unit in _units.STEADY
+            )
+
         def _reschedule(self, node) -> None:  # type: ignore[no-untyped-def]
-            if not self.workqueue or next(iter(self.workqueue)) != _units.TIMED:
+            queue = self.workqueue
+            if (
+                _units.BESIDE in queue
+                and not node.shutting_down
+                and self._pending(node) <= 1
+                and not self._steady_left()
+            ):
+                queue.move_to_end(_units.BESIDE, last=False)  # ahead of the rest
+                self._assign_work_unit(node)
+                return
+            if not queue or next(iter(queue)) not in _units.HELD:
                 super()._reschedule(node)
                 return
             if any(self._pending(n) > 1 for n in self.nodes):

@@ -27,7 +27,7 @@ _BROKEN_VENVS: dict[str, str] = {}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test here is marked ``engine`` and ``slow``; the suite runs them in
     ``tests.engine._units``' order: the steady units first (handed out first, one per
-    worker), then the rest of the suite, the timed unit last."""
+    worker), then the rest of the suite, the held-back units last."""
     engine = [item for item in items if _HERE in Path(str(item.fspath)).resolve().parents]
     for item in engine:
         item.add_marker(pytest.mark.engine)
@@ -35,9 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     chosen = set(map(id, engine))
     rest = [item for item in items if id(item) not in chosen]
     engine.sort(key=lambda item: _units.rank(item.nodeid))
-    timed = [item for item in engine if _units.unit_of(item.nodeid) == _units.TIMED]
-    steady = [item for item in engine if _units.unit_of(item.nodeid) != _units.TIMED]
-    items[:] = steady + rest + timed
+    held = [item for item in engine if _units.unit_of(item.nodeid) in _units.HELD]
+    steady = [item for item in engine if _units.unit_of(item.nodeid) not in _units.HELD]
+    items[:] = steady + rest + held
 
 
 def _reporter(config: pytest.Config) -> Callable[[str], None]:

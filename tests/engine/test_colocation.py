@@ -203,7 +203,7 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
         members = {m.name: m for m in read_snapshot(group).members}
         return members["llama"].granted_bytes == _mapped_now(dumps / "llama-1")
 
-    co.wait_for("idle llama settled", settled, 10, live)
+    co.wait_for("idle llama settled", settled, 30, live)
     scenario.snapshots["after-a"] = read_snapshot(group).model_dump()
     scenario.mapped_after_a = _mapped_now(dumps / "llama-1")
     phase("b", ["gemma"])
