@@ -116,7 +116,8 @@ class SharedRuns:
     file registers its variants when pytest imports it (:meth:`contribute`), and the first
     test that asks for the shape (:meth:`get`) runs every contributed variant in one driver,
     one vanilla engine for all (the same model, prompts and engine arguments; a variant name
-    contributed twice must be the same variant). Contributors run in one unit of
+    contributed twice must be the same variant; an extra environment a file contributes is
+    the whole run's). Contributors run in one unit of
     ``tests.engine._units``: a worker that asked alone would run the others' variants too."""
 
     contributions: dict[int, list[Contribution]] = field(default_factory=dict)
