@@ -10,18 +10,29 @@ Arms (the same budget: ``N`` shares of 24 blocks of 64 KiB):
 * ``vanilla-split``: vanilla vLLM, each engine ``num_gpu_blocks_override`` = one share;
 * ``kvplan-split``: kvplan elastic, each engine ``KVPLAN_MEMORY_LIMIT`` = one share;
 * ``shared``: kvplan elastic, all ``N`` engines in one group (``KVPLAN_GROUP``) of ``N``
-  shares, each guaranteed its floor.
+  shares, each guaranteed its floor;
+* ``vanilla-whole``: vanilla vLLM with the whole budget in *every* engine (``N`` shares each):
+  more memory than the budget when bursts overlap, so no way to serve, but the bound a shared
+  budget can at best reach when the bursts take turns (each burst alone with all of it).
+
+More arms (``--arms``): ``shared-guaranteed`` (every member guaranteed one share: a member
+below it claims it back from a borrower, and the claims are timed); ``kvplan-split-tight``
+(kvplan-split reserving one share, ``KVPLAN_CAPACITY`` = the limit: vLLM's pool as small as
+vanilla-split's), ``kvplan-split-ahead`` (``KVPLAN_RESERVE`` = the share), ``kvplan-split-base`` and
+``shared-base`` (kvplan from ``--base-src``: a before/after in one run).
 
 Every engine is a real engine in a process of its own (the tiny llama of the engine tests,
-weights re-drawn, in-process engine core: ``tests/engine/_coloc_driver.py``). **All arms'
-engines are started once**, warmed up by a few requests (not measured: first requests pay
-one-time costs) and serve every trace as a phase of its own, so the arms are
-**interleaved**: round ``r`` runs seed after seed, and for each seed every arm in an order
-rotated by round and seed, so that drift on a shared machine hits every arm alike. Reported,
-for each seed: each engine's TTFT p50/p90/p99 (from the request's arrival in the trace) and
-total throughput, as the median over the rounds with the min-max; the ratios to
-``vanilla-split`` are taken per round (same seed, same round) before the median; the 1-minute
-load average at the end of every phase.
+weights re-drawn, in-process engine core: ``tests/engine/_coloc_driver.py``). **Each round
+starts every arm's engines afresh**, warms them up with a few requests (not measured: first
+requests pay one-time costs), and serves every seed's trace as a phase of its own, the arms
+**interleaved**: for each seed every arm in an order rotated by round and seed, so that drift
+on a shared machine hits every arm alike, and what one process's luck costs (where its memory
+lies, when it started: single engines of one arm differ by 10-20 % per step) is drawn again
+each round rather than staying with one arm. Reported, for each seed: each engine's TTFT
+p50/p90/p99 (from the request's arrival in the trace), its p50 and p99 over vanilla-split's
+and the total throughput, as the median over the rounds with the min-max (the ratios taken per
+round: same seed, same round), a group member's time from a claim to its grant (p50/p99 over
+the claims); the 1-minute load average at the end of every phase (in the JSON).
 
 Traces (seeded):
 
@@ -38,8 +49,9 @@ would per 2 MiB mapped (``KVPLAN_HOST_VMM_LATENCY``, kvcached's figures): an **e
 printed as such, never a GPU measurement.
 
 Why KV memory binds here, not the 2 CPU cores: in the burst traces about one engine computes
-at a time, and a tiny model's step costs about the same for 4 or 16 sequences, so what limits
-a burst is how many requests fit in its blocks. Run it with nothing else running.
+at a time, and a tiny model's step costs little more for 16 sequences than for 4 (about
++25 %), so what limits a burst is how many requests fit in its blocks. Run it with nothing
+else running.
 """
 
 from __future__ import annotations
@@ -70,10 +82,17 @@ BLOCK_BYTES = 64 << 10
 SHARE = 24 * BLOCK_BYTES
 """Each engine's static share (1.5 MiB); the budget is N shares."""
 SEEDS = (20251201, 7, 42)
-ARMS = ("vanilla-split", "kvplan-split", "shared")
+ARMS = ("vanilla-split", "kvplan-split", "shared", "vanilla-whole")
 AHEAD_ARMS = ("kvplan-split-ahead",)
 """kvplan-split with ``KVPLAN_RESERVE`` = the share: an idle engine maps its whole share ahead
 (and the trim keeps freed pages backed), so bursts map almost nothing inside their steps."""
+GUARANTEED_ARMS = ("shared-guaranteed",)
+"""shared with every member guaranteed one share (``KVPLAN_GROUP_GUARANTEE``): what a static
+split gives each engine, and it borrows the rest; a member below its share claims it back
+(the claims the benchmark times)."""
+TIGHT_ARMS = ("kvplan-split-tight",)
+"""kvplan-split reserving one share (``KVPLAN_CAPACITY`` = the limit): vLLM's pool holds as
+many blocks as vanilla-split's, so what a larger reservation costs vLLM shows apart."""
 BASE_ARMS = ("kvplan-split-base", "shared-base")
 """The kvplan arms again with kvplan from ``--base-src`` (another checkout's ``src``), in the
 same run: a before/after comparison that drift hits alike."""
@@ -115,7 +134,7 @@ def poisson_trace(
     rng = random.Random(seed)
     out: dict[str, list[dict[str, Any]]] = {}
     for i in range(engines):
-        at, items = 0.0, []
+        at, items = 0.0, list[dict[str, Any]]()
         while True:
             at += rng.expovariate(rate)
             if at > duration:
@@ -150,29 +169,32 @@ def arm_setup(
 ) -> list[tuple[dict[str, str], dict[str, Any]]]:
     """Per engine: its environment and engine arguments in ``arm`` (a ``-base`` arm: the same
     with kvplan from ``base_src``; every other arm with kvplan from ``src`` when given)."""
+    arm_group = arm  # each arm's group of its own (its members' names are e0, e1, ...)
     ahead = arm.endswith("-ahead")
-    arm = arm.removesuffix("-ahead")
+    tight = arm.endswith("-tight")
+    guaranteed = arm.endswith("-guaranteed")
+    arm = arm.removesuffix("-ahead").removesuffix("-tight").removesuffix("-guaranteed")
     if arm.endswith("-base"):
         assert base_src is not None, "a -base arm needs --base-src"
         arm = arm.removesuffix("-base")
     else:
         base_src = src
     budget = engines * SHARE
-    arm_group = "base" if base_src is not None and base_src != src else "main"
     (group / arm_group).mkdir(mode=0o700, exist_ok=True)
     out = []
     for i in range(engines):
         dump = work / "dumps" / f"e{i}"
-        if arm == "vanilla-split":
+        if arm in ("vanilla-split", "vanilla-whole"):
             env: dict[str, str] = {}
             engine = {
                 **ENGINE,
-                "num_gpu_blocks_override": SHARE // BLOCK_BYTES,
+                "num_gpu_blocks_override": (SHARE if arm == "vanilla-split" else budget)
+                // BLOCK_BYTES,
                 "kv_cache_memory_bytes": co.CAPACITY,
             }
         elif arm == "kvplan-split":
             env = harness.kvplan_env(
-                "host-vmm", "elastic", dump, KVPLAN_CAPACITY=str(co.CAPACITY),
+                "host-vmm", "elastic", dump, KVPLAN_CAPACITY=str(SHARE if tight else co.CAPACITY),
                 KVPLAN_MEMORY_LIMIT=str(SHARE),
             )  # fmt: skip
             engine = dict(ENGINE)
@@ -181,7 +203,9 @@ def arm_setup(
             engine = dict(ENGINE)
         if ahead:
             env["KVPLAN_RESERVE"] = str(SHARE)
-        if emulate and arm != "vanilla-split":
+        if guaranteed:
+            env["KVPLAN_GROUP_GUARANTEE"] = str(SHARE)
+        if emulate and not arm.startswith("vanilla"):
             env["KVPLAN_HOST_VMM_LATENCY"] = emulate
         if base_src is not None:
             env["PYTHONPATH"] = str(base_src)  # before the engine venv's editable kvplan
@@ -274,19 +298,43 @@ def start_arm(
     return procs
 
 
-def usable_blocks(arm: str) -> int:
+def usable_blocks(arm: str, engines: int) -> int:
     """Blocks one engine of a split arm can hold at once (the null block is never usable)."""
+    if arm == "vanilla-whole":
+        return engines * SHARE // BLOCK_BYTES - 1
     if arm.startswith("vanilla"):
         return SHARE // BLOCK_BYTES - 1
     return (SHARE - BLOCK_BYTES) // BLOCK_BYTES  # the limit less the null block's pages
 
 
 def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict[str, Any]:
-    """Every arm's engines for ``engines``, every (round, seed) phase, arms interleaved."""
-    phases: list[tuple[int, int, str]] = []  # (round, seed, phase)
+    """Every arm for ``engines``: round after round, each with a fresh set of every arm's
+    engines serving that round's (seed) phases, the arms interleaved."""
+    per_phase: list[dict[str, Any]] = []
+    num_blocks: dict[str, list[int]] = {}
     for rnd in range(args.rounds):
-        for seed in args.seeds:
-            phases.append((rnd, seed, f"r{rnd}s{seed}"))
+        phases = [(rnd, seed, f"r{rnd}s{seed}") for seed in args.seeds]
+        work = tmp / f"n{engines}-r{rnd}"
+        results, traces, loads = run_round(args, engines, python, work, phases)
+        for arm, served in results.items():
+            num_blocks.setdefault(arm, [s["num_blocks"] for s in served])
+        per_phase += summarize_round(results, traces, loads, phases)
+    return {
+        "engines": engines,
+        "trace": args.trace,
+        "budget_bytes": engines * SHARE,
+        "usable_blocks_per_engine": {
+            a: usable_blocks(a, engines) for a in args.arms if "shared" not in a
+        },
+        "num_blocks": num_blocks,
+        "phases": per_phase,
+    }
+
+
+def round_traces(
+    args: argparse.Namespace, engines: int, phases: list[tuple[int, int, str]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each engine's requests: the warm-up's, then every phase's."""
     traces: dict[str, list[dict[str, Any]]] = {}
     warm = ramp_trace(engines, 0, "warm", requests=4, ramp=0.2, stagger=1.0, cycles=1)
     for name, items in warm.items():  # first requests pay one-time costs: not measured
@@ -301,54 +349,45 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
             )  # fmt: skip
         for name, items in one.items():
             traces.setdefault(name, []).extend(items)
+    return traces
+
+
+def run_round(
+    args: argparse.Namespace,
+    engines: int,
+    python: Path,
+    tmp: Path,
+    phases: list[tuple[int, int, str]],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """One round: every arm's engines started afresh (a process's own luck -- where its
+    memory lies, when it started -- is then drawn again each round instead of staying with
+    one arm), warmed up, then each phase served by every arm in turn, the order rotated by
+    round and seed. What each engine served, the traces, the load after each phase."""
+    traces = round_traces(args, engines, phases)
     arms = list(args.arms)
     procs: dict[str, list[co.Engine]] = {}
     works: dict[str, Path] = {}
+    loads: dict[str, list[float]] = {}
+    tmp.mkdir(parents=True)
     with co.group_directory(tmp) as group:
         try:
             for arm in arms:
                 works[arm] = tmp / f"n{engines}-{args.trace}-{arm}"
                 procs[arm] = start_arm(
-                    python,
-                    arm,
-                    engines,
-                    traces,
-                    works[arm],
-                    group,
-                    args.emulate,
-                    args.base_src,
-                    args.src,
-                )
+                    python, arm, engines, traces, works[arm], group, args.emulate,
+                    args.base_src, args.src,
+                )  # fmt: skip
             everyone = [p for ps in procs.values() for p in ps]
             t_ready = time.time()
             co.wait_for("engines ready", lambda: all(p.ready() for p in everyone), 1800, everyone)
             print(f"bench: {len(everyone)} engines ready in {time.time() - t_ready:.0f} s",
                   file=sys.stderr)  # fmt: skip
-            loads: dict[str, list[float]] = {}
             for arm in arms:
-                control = works[arm] / "control"
-                co.go(control, "warm", delay=0.2)
-                co.wait_for(
-                    f"{arm} warm-up",
-                    lambda c=control, a=arm: all(  # type: ignore[misc]
-                        co.done(c, p.name, "warm") for p in procs[a]
-                    ),
-                    600,
-                    everyone,
-                )
-            for k, (rnd, seed, phase) in enumerate(phases):
-                turn = k % len(arms)
+                serve_phase(works[arm], procs[arm], "warm", everyone, 600)
+            for rnd, seed, phase in phases:
+                turn = (rnd + args.seeds.index(seed)) % len(arms)
                 for arm in arms[turn:] + arms[:turn]:
-                    control = works[arm] / "control"
-                    co.go(control, phase, delay=0.5)
-                    co.wait_for(
-                        f"{arm} {phase}",
-                        lambda c=control, a=arm, ph=phase: all(  # type: ignore[misc]
-                            co.done(c, p.name, ph) for p in procs[a]
-                        ),
-                        1800,
-                        everyone,
-                    )
+                    serve_phase(works[arm], procs[arm], phase, everyone, 1800)
                     loads[f"{arm} {phase}"] = list(os.getloadavg())
                     print(f"bench: n={engines} round {rnd} seed {seed} {arm} done, load "
                           f"{os.getloadavg()[0]:.2f}", file=sys.stderr)  # fmt: skip
@@ -358,10 +397,33 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
                 if p.alive():
                     p.process.kill()
                     p.process.wait(30)
-    per_phase = []
+    return results, traces, loads
+
+
+def serve_phase(
+    work: Path, procs: list[co.Engine], phase: str, everyone: list[co.Engine], timeout: float
+) -> None:
+    """Open ``phase`` for one arm's engines and wait until each served it."""
+    control = work / "control"
+    co.go(control, phase, delay=0.2 if phase == "warm" else 0.5)
+    co.wait_for(
+        f"{work.name} {phase}",
+        lambda: all(co.done(control, p.name, phase) for p in procs),
+        timeout,
+        everyone,
+    )
+
+
+def summarize_round(
+    results: dict[str, list[dict[str, Any]]],
+    traces: dict[str, list[dict[str, Any]]],
+    loads: dict[str, Any],
+    phases: list[tuple[int, int, str]],
+) -> list[dict[str, Any]]:
+    """Per (phase, arm): every engine's figures and the arm's total throughput."""
+    out = []
     for rnd, seed, phase in phases:
-        for arm in arms:
-            served = results[arm]
+        for arm, served in results.items():
             per_engine = {
                 f"e{i}": summarize(s, phase, traces[f"e{i}"]) for i, s in enumerate(served)
             }
@@ -370,7 +432,7 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
             total = sum(e["requests"] for e in per_engine.values())
             for i, s in enumerate(served):
                 per_engine[f"e{i}"].update(kvplan_seconds(s, first, last))
-            per_phase.append(
+            out.append(
                 {
                     "round": rnd,
                     "seed": seed,
@@ -380,14 +442,7 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
                     "load": loads[f"{arm} {phase}"],
                 }
             )
-    return {
-        "engines": engines,
-        "trace": args.trace,
-        "budget_bytes": engines * SHARE,
-        "usable_blocks_per_engine": {a: usable_blocks(a) for a in arms if "shared" not in a},
-        "num_blocks": {arm: [s["num_blocks"] for s in results[arm]] for arm in arms},
-        "phases": per_phase,
-    }
+    return out
 
 
 def _median(values: list[float]) -> str:
@@ -406,9 +461,9 @@ def tables(report: dict[str, Any]) -> str:
             f"seed {seed}, {report['engines']} engines, {report['trace']} trace, "
             f"{len(rounds)} rounds (median, min-max):",
             "",
-            "| arm | engine | TTFT p50 s | p90 s | p99 s | p99 / vanilla-split | total req/s "
-            "| claim to grant p50 / p99 s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
+            "| arm | engine | TTFT p50 s | p90 s | p99 s | p50 / vanilla-split "
+            "| p99 / vanilla-split | total req/s | claim to grant p50 / p99 s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         base = {p["round"]: p for p in mine if p["arm"] == "vanilla-split"}
         for arm in arms:
@@ -418,15 +473,16 @@ def tables(report: dict[str, Any]) -> str:
                     q: [r["per_engine"][e][f"ttft_{q}_s"] for r in runs]
                     for q in ("p50", "p90", "p99")
                 }
-                ratio = (
-                    [
-                        r["per_engine"][e]["ttft_p99_s"]
-                        / max(1e-9, base[r["round"]]["per_engine"][e]["ttft_p99_s"])
+                ratios = {
+                    q: [
+                        r["per_engine"][e][f"ttft_{q}_s"]
+                        / max(1e-9, base[r["round"]]["per_engine"][e][f"ttft_{q}_s"])
                         for r in runs
                     ]
                     if base
                     else []
-                )
+                    for q in ("p50", "p99")
+                }
                 total = [r["total_throughput_rps"] for r in runs]
                 waits = [w for r in runs for w in r["per_engine"][e]["claims_s"]]
                 claims = (
@@ -437,7 +493,8 @@ def tables(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {arm} | {e} | {_median(figures['p50'])} | {_median(figures['p90'])} | "
                     f"{_median(figures['p99'])} | "
-                    f"{_median(ratio) + 'x' if ratio else '-'} | {_median(total)} | {claims} |"
+                    + " | ".join(_median(r) + "x" if r else "-" for r in ratios.values())
+                    + f" | {_median(total)} | {claims} |"
                 )
         lines.append("")
     return "\n".join(lines)
@@ -467,7 +524,7 @@ def main() -> int:
     parser.add_argument("--trace", choices=("heavy", "light", "poisson"), default="heavy")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--rounds", type=int, default=3)
-    arms = ARMS + BASE_ARMS + AHEAD_ARMS
+    arms = ARMS + GUARANTEED_ARMS + TIGHT_ARMS + BASE_ARMS + AHEAD_ARMS
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=arms)
     parser.add_argument("--base-src", type=Path, help="kvplan's src for the -base arms")
     parser.add_argument("--src", type=Path, help="kvplan's src for the other arms (a snapshot)")

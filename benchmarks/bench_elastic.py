@@ -236,6 +236,45 @@ def engines(rounds: int, tokens: int) -> dict[str, float]:
     return medians
 
 
+def trim_cost(num_blocks: int, rounds: int = 200) -> dict[str, float]:
+    """µs per trim of an engine whose request just finished (8 blocks freed, backed, at the
+    front of vLLM's free queue), on vLLM's real ``BlockPool`` of ``num_blocks`` blocks with a
+    quarter in use and ``KVPLAN_MEMORY_LIMIT`` at half the reservation (4 KiB chunks); next to
+    it, the walk of the whole free queue each such trim made before (its positions in the
+    queue: ``SchedulerSide.queue_positions`` now reads in from both ends)."""
+    from tests import _builders as builders
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm import elastic
+    from kvplan.planner import build_plan
+    from kvplan.schemas.input import InputDocument
+
+    plan, _ = build_plan(InputDocument.model_validate(builders.llama(num_blocks=num_blocks)))
+    assert plan is not None
+    ledger = Ledger(plan, 4096)
+    pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
+    side = elastic.SchedulerSide(
+        ledger, elastic.ElasticSettings(limit=ledger.reserved_bytes // 2), pool, None
+    )
+    elastic.make_elastic(pool, side)
+    pool.get_new_blocks(num_blocks // 4)
+    trims, walks = [], []
+    for _ in range(rounds):
+        pool.free_blocks(pool.get_new_blocks(8))
+        t0 = time.perf_counter()
+        side.trim()
+        trims.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        queue = pool.free_block_queue.get_all_free_blocks()
+        _ = {b.block_id: i for i, b in enumerate(queue)}
+        walks.append(time.perf_counter() - t0)
+    return {
+        "trim": statistics.median(trims) * 1e6,
+        "whole-queue walk (before)": statistics.median(walks) * 1e6,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -253,6 +292,12 @@ def main() -> int:
                 f"{k} {v:.2f}" if k.endswith("index/walk") else f"{k} {v:.1f} µs"
                 for k, v in costs.items()
             )
+        )
+    for blocks in (16384, 100000):
+        costs = trim_cost(blocks)
+        print(
+            f"trim after a request finished, {blocks} blocks (µs per trim): "
+            + ", ".join(f"{k} {v:.1f} µs" for k, v in costs.items())
         )
     if args.micro_only:
         return 0

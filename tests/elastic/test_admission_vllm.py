@@ -44,6 +44,19 @@ def _cache(pool: Any, block: Any, n: int) -> None:
     pool._insert_block_hash(key, block, num_tokens=16)
 
 
+def finish_some(pool: Any, used: list[Any], rng: random.Random, tag: int) -> int:
+    """A request finishes: up to 4 of the ``used`` blocks are freed, about half of them with
+    a prefix-cache entry (vLLM frees cached blocks to the back of its queue, the rest to the
+    front). The next cache tag."""
+    done = [used.pop(rng.randrange(len(used))) for _ in range(min(len(used), 4))]
+    for block in done:
+        if rng.random() < 0.5:
+            tag += 1
+            _cache(pool, block, tag)
+    pool.free_blocks(reversed(done))
+    return tag
+
+
 @pytest.mark.parametrize("chunk", [PAGE, 1 << 16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_index_follows_vllms_block_pool(chunk: int, seed: int) -> None:
@@ -89,12 +102,7 @@ def test_the_index_follows_vllms_block_pool(chunk: int, seed: int) -> None:
             used.extend(got)
             seen["allocations"] += 1
         elif op < 0.6 and used:  # a request finishes; some of its blocks were cached
-            done = [used.pop(rng.randrange(len(used))) for _ in range(min(len(used), 4))]
-            for block in done:
-                if rng.random() < 0.5:
-                    tag += 1
-                    _cache(pool, block, tag)
-            pool.free_blocks(reversed(done))
+            tag = finish_some(pool, used, rng, tag)
             seen["frees"] += 1
         elif op < 0.7 and cached:  # a prefix hit on a free cached block, or its eviction
             block = pool.blocks[rng.choice(sorted(cached))]

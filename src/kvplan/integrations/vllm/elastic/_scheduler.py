@@ -258,12 +258,23 @@ class SchedulerSide:
         one of its last :data:`DEMAND_STEPS` steps took -- up to ``KVPLAN_BUSY_RESERVE``, so
         the blocks its requests free are used again without giving their pages back and
         mapping others in between (they are handed out first: ``_pool``). An idle engine
-        goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick)."""
+        goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick), or to nothing while
+        its reserve yields (:meth:`reserve_yields`)."""
         if not self.busy or not self.taken:
-            return self.reserve
+            return 0 if self.reserve_yields() else self.reserve
         cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
         demand = DEMAND_FACTOR * max(self.taken) * cost
         return max(self.reserve, min(self.busy_reserve, demand, self.limit))
+
+    def reserve_yields(self) -> bool:
+        """An idle member of a group keeps no reserve while the group has less than a
+        quantum free: a neighbour that grows takes the free bytes first, then what the idle
+        members keep backed ahead of a burst of their own (each gives it back at its watcher's
+        next look, and maps its next burst's first blocks in the step)."""
+        group = self.group
+        if group is None or self.group_failed or self.busy:
+            return False
+        return group.free < group.quantum
 
     def handed_out(self, count: int) -> None:
         """vLLM's pool handed out ``count`` blocks in the step being scheduled."""
@@ -280,6 +291,32 @@ class SchedulerSide:
         while block.next_free_block is not None:  # the fake tail has no next block
             yield block.block_id
             block = block.next_free_block
+
+    def queue_positions(self, wanted: set[int]) -> dict[int, int]:
+        """The positions in vLLM's free queue (0: its front) of the ``wanted`` blocks, walking
+        in from both ends until all are found -- the backed free blocks sit near the ends
+        (uncached ones at the front, where the pool puts them; blocks freed with cache entries
+        at the back), so a step's trim reads a few links, not the whole queue of a pool of
+        100,000 blocks. Through the queue's public list when its links are not there."""
+        queue = self.pool.free_block_queue
+        head = getattr(getattr(queue, "fake_free_list_head", None), "next_free_block", None)
+        tail = getattr(getattr(queue, "fake_free_list_tail", None), "prev_free_block", None)
+        if head is None or tail is None:
+            listed = queue.get_all_free_blocks()
+            return {b.block_id: i for i, b in enumerate(listed) if b.block_id in wanted}
+        count = int(queue.num_free_blocks)
+        found: dict[int, int] = {}
+        front, back = head, tail
+        for i in range((count + 1) // 2):
+            if len(found) == len(wanted):
+                break
+            if front.block_id in wanted:
+                found[front.block_id] = i
+            j = count - 1 - i
+            if j > i and back.block_id in wanted:
+                found[back.block_id] = j
+            front, back = front.next_free_block, back.prev_free_block
+        return found
 
     def free_count(self, vanilla: int) -> int:
         """:meth:`count_free`, after asking the group for more when its grant is what binds:
@@ -479,12 +516,11 @@ class SchedulerSide:
         from kvplan.elastic.ledger import FreeBlock, trim
 
         pool = self.pool
-        order = {b.block_id: i for i, b in enumerate(pool.free_block_queue.get_all_free_blocks())}
         blocks = pool.blocks
+        backed_free = [b for b in self.ledger.backed if b != 0 and blocks[b].ref_cnt == 0]
+        order = self.queue_positions(set(backed_free))
         free = [
-            FreeBlock(b, blocks[b].block_hash is not None, order.get(b, 0))
-            for b in self.ledger.backed
-            if b != 0 and blocks[b].ref_cnt == 0
+            FreeBlock(b, blocks[b].block_hash is not None, order.get(b, 0)) for b in backed_free
         ]
         mapped = self.ledger.mapped_bytes
         result = trim(
@@ -507,6 +543,8 @@ class SchedulerSide:
         """The reserve is short and the limit has room: an idle engine should map ahead
         (asked again only once the pool changed)."""
         if self.reserve <= self.reserve_bytes or self.ahead_version == self.version:
+            return False
+        if self.reserve_yields():
             return False
         if self.ceiling is not None or time.monotonic() < self.ahead_retry_at:
             return False

@@ -1,0 +1,90 @@
+"""The trim's positions of the backed free blocks in vLLM's free queue (``SchedulerSide.
+queue_positions``), read in from both ends of the queue's links, equal what a walk of the whole
+queue (``get_all_free_blocks``) says -- on vLLM's real ``BlockPool`` (the installed 0.33) under
+its own hand-outs, frees (cached to the back, uncached to the front) and evictions -- and the
+walk stops once every wanted block is found."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
+from tests.elastic.test_admission_vllm import finish_some
+
+pytestmark = pytest.mark.vllm
+NUM_BLOCKS = 96
+
+
+def positions(pool: Any, wanted: set[int]) -> dict[int, int]:
+    return SchedulerSide.queue_positions(SimpleNamespace(pool=pool), wanted)  # type: ignore[arg-type]
+
+
+def whole_walk(pool: Any, wanted: set[int]) -> dict[int, int]:
+    listed = pool.free_block_queue.get_all_free_blocks()
+    return {b.block_id: i for i, b in enumerate(listed) if b.block_id in wanted}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_positions_equal_a_walk_of_the_whole_queue(seed: int) -> None:
+    from vllm.v1.core.block_pool import BlockPool
+
+    rng = random.Random(seed)
+    pool = BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
+    used: list[Any] = []
+    tag = 0
+    for _ in range(300):
+        free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+        for wanted in (
+            set(rng.sample(free, rng.randint(0, min(len(free), 12)))),
+            set(free[:3]) | set(free[-3:]),  # near both ends, as the trim's usually are
+            {NUM_BLOCKS + 5} | set(free[:2]),  # one not in the queue: the walk reads it all
+        ):
+            assert positions(pool, wanted) == whole_walk(pool, wanted)
+        op = rng.random()
+        if op < 0.45 and pool.get_num_free_blocks() > 8:
+            used.extend(pool.get_new_blocks(rng.randint(1, 6)))
+        elif op < 0.8 and used:
+            tag = finish_some(pool, used, rng, tag)
+        elif op < 0.9:
+            cached = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+            cached = [b for b in cached if pool.blocks[b].block_hash is not None]
+            if cached:
+                pool.evict_blocks({rng.choice(cached)})
+
+
+def test_the_walk_stops_once_every_wanted_block_is_found() -> None:
+    from vllm.v1.core.block_pool import BlockPool
+
+    pool = BlockPool(NUM_BLOCKS, enable_caching=False, hash_block_size=16)
+    queue = pool.free_block_queue
+    read: list[int] = []
+    first = queue.fake_free_list_head.next_free_block
+    last = queue.fake_free_list_tail.prev_free_block
+
+    class Counted:  # a link that counts its reads
+        def __init__(self, block: Any) -> None:
+            self.block = block
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "block_id":
+                read.append(self.block.block_id)
+            value = getattr(self.block, name)
+            return Counted(value) if name.endswith("_free_block") and value else value
+
+    queue.fake_free_list_head = SimpleNamespace(next_free_block=Counted(first))
+    queue.fake_free_list_tail = SimpleNamespace(prev_free_block=Counted(last))
+    ids = [b.block_id for b in [first, first.next_free_block, last]]
+    last_at = queue.num_free_blocks - 1  # vLLM took the null block out of the queue
+    assert positions(pool, set(ids)) == {ids[0]: 0, ids[1]: 1, ids[2]: last_at}
+    assert len(set(read)) <= 4  # two links from each end, not the whole queue
+
+
+def test_a_queue_without_links_is_read_through_its_list() -> None:
+    blocks = [SimpleNamespace(block_id=i) for i in (7, 3, 9, 4)]
+    queue = SimpleNamespace(get_all_free_blocks=lambda: blocks)
+    pool = SimpleNamespace(free_block_queue=queue)
+    assert positions(pool, {9, 7, 11}) == {7: 0, 9: 2}
