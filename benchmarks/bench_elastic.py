@@ -93,6 +93,24 @@ def micro(steps: int) -> float:
     return statistics.median(samples)
 
 
+def elastic_pool(plan: Any, num_blocks: int, chunk: int) -> tuple[Any, Any, Any]:
+    """vLLM's real ``BlockPool`` of ``num_blocks`` blocks made elastic over ``plan`` with
+    ``chunk``-byte chunks, ``KVPLAN_MEMORY_LIMIT`` at half the reservation, a quarter of the
+    blocks in use: ``(ledger, pool, side)``."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvplan.elastic.ledger import Ledger
+    from kvplan.integrations.vllm import elastic
+
+    ledger = Ledger(plan, chunk)
+    pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
+    limit = elastic.ElasticSettings(limit=ledger.reserved_bytes // 2)
+    side = elastic.SchedulerSide(ledger, limit, pool, None)
+    elastic.make_elastic(pool, side)
+    pool.get_new_blocks(num_blocks // 4)
+    return ledger, pool, side
+
+
 def admission(num_blocks: int) -> dict[str, float]:
     """µs per ``get_num_free_blocks()`` (and per ``get_new_blocks(1)`` + ``free_blocks``) on
     vLLM's real ``BlockPool`` of ``num_blocks`` blocks, a quarter in use, vanilla vs elastic
@@ -103,8 +121,6 @@ def admission(num_blocks: int) -> dict[str, float]:
     from tests import _builders as builders
     from vllm.v1.core.block_pool import BlockPool
 
-    from kvplan.elastic.ledger import Ledger
-    from kvplan.integrations.vllm import elastic
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
 
@@ -129,12 +145,7 @@ def admission(num_blocks: int) -> dict[str, float]:
     out["vanilla"] = timed(vanilla, 2000)
     out["vanilla get_new_blocks(1)+free"] = allocation(vanilla, 200)
     for label, chunk in (("4 KiB chunks", 4096), ("2 MiB chunks", 1 << 21)):
-        ledger = Ledger(plan, chunk)
-        pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
-        limit = elastic.ElasticSettings(limit=ledger.reserved_bytes // 2)
-        side = elastic.SchedulerSide(ledger, limit, pool, None)
-        elastic.make_elastic(pool, side)
-        pool.get_new_blocks(num_blocks // 4)
+        ledger, pool, side = elastic_pool(plan, num_blocks, chunk)
         assert side.tight()
         out[f"{label} get_new_blocks(1)+free"] = allocation(pool, 200)
         if ledger.uniform_block_cost is not None:
@@ -243,22 +254,13 @@ def trim_cost(num_blocks: int, rounds: int = 200) -> dict[str, float]:
     it, the walk of the whole free queue each such trim made before (its positions in the
     queue: ``SchedulerSide.queue_positions`` now reads in from both ends)."""
     from tests import _builders as builders
-    from vllm.v1.core.block_pool import BlockPool
 
-    from kvplan.elastic.ledger import Ledger
-    from kvplan.integrations.vllm import elastic
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
 
     plan, _ = build_plan(InputDocument.model_validate(builders.llama(num_blocks=num_blocks)))
     assert plan is not None
-    ledger = Ledger(plan, 4096)
-    pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
-    side = elastic.SchedulerSide(
-        ledger, elastic.ElasticSettings(limit=ledger.reserved_bytes // 2), pool, None
-    )
-    elastic.make_elastic(pool, side)
-    pool.get_new_blocks(num_blocks // 4)
+    _, pool, side = elastic_pool(plan, num_blocks, 4096)
     trims, walks = [], []
     for _ in range(rounds):
         pool.free_blocks(pool.get_new_blocks(8))
