@@ -13,7 +13,10 @@ a :class:`HookedWorker`, vLLM's ``CPUWorker`` that first installs the hooks
   failed (``driver.install_reported_map_failure``; the reference of a real failure);
 * ``fail-map=R:N``: map N (1-based) of rank R alone fails, as ``KVPLAN_DEBUG_FAIL_MAP=N``
   fails it on every rank (the chunks are mapped, granting access fails, the map is rolled
-  back): a failure that the rank whose output reaches the scheduler does not see.
+  back): a failure that the rank whose output reaches the scheduler does not see;
+* ``slow-steps=MS``: every step of the worker waits MS milliseconds first, so a load lasts
+  long enough for something to happen while it runs whatever the machine's speed (timing
+  alone does not change greedy tokens without preemption).
 
 Without hooks it is ``CPUWorker`` unchanged. The folder of this file must be on the workers'
 ``sys.path`` (``PYTHONPATH``; the driver's children inherit its ``sys.path``): it is imported
@@ -43,6 +46,8 @@ def install(hooks: str) -> list[str]:
             driver.install_break(hook.removeprefix("break="))
         elif hook == "reported-map-failure":
             driver.install_reported_map_failure(True)
+        elif hook.startswith("slow-steps="):
+            pass  # HookedWorker reads it (step_delay)
         elif hook.startswith("fail-map="):
             rank, _, number = hook.removeprefix("fail-map=").partition(":")
             install_rank_failure(int(rank), int(number))
@@ -78,7 +83,17 @@ def install_rank_failure(rank: int, number: int) -> None:
     _elastic.WorkerSide._map = failing
 
 
+def step_delay(hooks: str) -> float:
+    """The seconds ``slow-steps=MS`` in ``hooks`` asks each step to wait (0: none)."""
+    for hook in (h.strip() for h in hooks.split(",")):
+        if hook.startswith("slow-steps="):
+            return int(hook.removeprefix("slow-steps=")) / 1000
+    return 0.0
+
+
 def _hooked_worker() -> type:
+    import time
+
     from vllm.v1.worker.cpu_worker import CPUWorker
 
     class HookedWorker(CPUWorker):  # type: ignore[misc]
@@ -86,7 +101,13 @@ def _hooked_worker() -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.test_hooks = install(os.environ.get(HOOKS_ENV, ""))
+            self.step_delay = step_delay(os.environ.get(HOOKS_ENV, ""))
             super().__init__(*args, **kwargs)
+
+        def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+            if self.step_delay:
+                time.sleep(self.step_delay)
+            return super().execute_model(*args, **kwargs)
 
     HookedWorker.__module__ = __name__
     return HookedWorker

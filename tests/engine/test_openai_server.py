@@ -12,7 +12,10 @@ keeps the engine busy while the limit changes.
   a step that touched an unmapped block would kill the engine). While the requests are in
   flight (the engine's stats file shows blocks in use), ``python -m kvplan limit DIR 12MiB``
   lowers the budget from the whole reservation (32 MiB); the first stats snapshot under the
-  new limit must still show blocks in use (a step with requests in flight applied it).
+  new limit must still show blocks in use (a step with requests in flight applied it). Each
+  of its steps waits 8 ms first (the ``slow-steps`` worker hook): the long request then lasts
+  at least 7 s whatever the machine, where the limit lands within about 2 s of the command
+  (a loaded CI machine once finished the load first).
 * **broken**: the same elastic server with the binding broken on purpose (the driver's
   ``swap``, installed in the worker process through vLLM's ``worker_cls``): the comparison
   below must fail on it.
@@ -66,6 +69,7 @@ PREFIX_TOKENS = 2 * BLOCK_SIZE
 FAMILIES, MEMBERS = 4, 3
 MAX_TOKENS = 24
 LONG_MAX_TOKENS = 900
+STEP_DELAY_MS = 8
 
 
 def _requests() -> list[dict[str, Any]]:
@@ -151,10 +155,15 @@ def served(
         KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED),
     )  # fmt: skip
     model = llama_checkpoint
-    yield {
-        "vanilla": _serve(engine_python, model, work, "vanilla", {}),
-        "elastic": _serve(engine_python, model, work, "elastic", elastic_env, limit=True),
-    }
+    # every elastic step waits 8 ms first: the long request lasts at least 7 s on any machine,
+    # so the limit (applied within ~2 s of the command) lands while it runs
+    slow = {HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}", "PYTHONPATH": str(HERE)}
+    vanilla = _serve(engine_python, model, work, "vanilla", {})
+    elastic = _serve(
+        engine_python, model, work, "elastic", elastic_env, limit=True,
+        options={"worker_cls": WORKER_CLS}, extra_env=slow,
+    )  # fmt: skip
+    yield {"vanilla": vanilla, "elastic": elastic}
 
 
 def check_same_as_vanilla(run: ClientRun, vanilla: ClientRun) -> None:
