@@ -9,7 +9,9 @@ API server, engine core and worker are three processes), one after the other:
   that directory; kvplan's mirror thread in the API server writes there). ``/metrics`` is
   scraped (and parsed with prometheus_client's text parser) before a load, every 0.25 s during
   it — while ``kvplan limit`` lowers the limit to 12 MiB with requests in flight — and after
-  it; a watcher records every snapshot of the rank's stats file meanwhile.
+  it; a watcher records every snapshot of the rank's stats file meanwhile. Each step waits
+  15 ms first (the ``slow-steps`` worker hook): the load lasts at least 2.4 s on any machine,
+  where the limit lands within about 2 s of the command.
 * **eager**: host-vmm eager with vLLM's plain registry (one API server, no multiprocess
   directory): the reservation alone, no elastic series.
 
@@ -46,7 +48,10 @@ from tests.engine._server import (
     run_client,
     start_server,
 )
+from tests.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
 from tests.engine.harness import kvplan_env
+
+HERE = Path(__file__).resolve().parent
 
 FIRST_LIMIT, NEW_LIMIT, NEW_LIMIT_BYTES = 24 << 20, "12MiB", 12 << 20
 OPTIONS = SERVER_OPTIONS
@@ -54,6 +59,7 @@ REQUESTS = [
     {"prompt": [(13 * r + 7 * i) % 500 + 3 for i in range(40 + 8 * r)], "max_tokens": 160}
     for r in range(6)
 ]
+STEP_DELAY_MS = 15
 SCRAPE_SECONDS = 0.25
 AGREEMENT_SECONDS = 2.0
 """A scrape shows a snapshot the stats file held at most this long before (the reporter's
@@ -209,8 +215,13 @@ def _elastic(engine_python: Path, model: Path, work: Path) -> tuple[Any, ...]:
         KVPLAN_GROUP=str(group), KVPLAN_GROUP_BUDGET=str(RESERVED),
         KVPLAN_ENGINE_NAME="metrics",
     )  # fmt: skip
-    extra = {"PROMETHEUS_MULTIPROC_DIR": str(prom)}
-    server = start_server("elastic", engine_python, model, work, OPTIONS, env, extra)
+    extra = {
+        "PROMETHEUS_MULTIPROC_DIR": str(prom),
+        HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}",
+        "PYTHONPATH": str(HERE),
+    }
+    options = {**OPTIONS, "worker_cls": WORKER_CLS}
+    server = start_server("elastic", engine_python, model, work, options, env, extra)
     try:
         first = read_stats(dump / "rank0.stats.json")
         before = scrape(server)
