@@ -10,7 +10,7 @@ API server, engine core and worker are three processes), one after the other:
   scraped (and parsed with prometheus_client's text parser) before a load, every 0.25 s during
   it — while ``kvplan limit`` lowers the limit to 12 MiB with requests in flight — and after
   it; a watcher records every snapshot of the rank's stats file meanwhile. Each step waits
-  15 ms first (the ``slow-steps`` worker hook): the load lasts at least 2.4 s on any machine,
+  25 ms first (the ``slow-steps`` worker hook): the load lasts at least 4 s on any machine,
   where the limit lands within about 2 s of the command.
 * **eager**: host-vmm eager with vLLM's plain registry (one API server, no multiprocess
   directory): the reservation alone, no elastic series.
@@ -59,7 +59,7 @@ REQUESTS = [
     {"prompt": [(13 * r + 7 * i) % 500 + 3 for i in range(40 + 8 * r)], "max_tokens": 160}
     for r in range(6)
 ]
-STEP_DELAY_MS = 15
+STEP_DELAY_MS = 25
 SCRAPE_SECONDS = 0.25
 AGREEMENT_SECONDS = 2.0
 """A scrape shows a snapshot the stats file held at most this long before (the reporter's
