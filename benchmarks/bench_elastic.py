@@ -85,7 +85,9 @@ def micro(steps: int) -> float:
         t0 = time.perf_counter()
         for _ in range(steps):
             output = mode.schedule(None, Call(schedule, sched_sig, sched_t, (scheduler,), {}))  # type: ignore[arg-type]
-            mode.execute_model(None, Call(execute_model, exec_sig, exec_t, (worker, output), {}))  # type: ignore[arg-type]
+            step = Call(execute_model, exec_sig, exec_t, (worker, output), {})
+            mode.before_step(None, step)  # type: ignore[arg-type]
+            mode.after_step(None, step, step.run())  # type: ignore[arg-type]
             mode.update_from_output(
                 None, Call(update_from_output, update_sig, update_t, (scheduler, output, None), {})
             )  # type: ignore[arg-type]
