@@ -5,20 +5,13 @@ Tiny sizes: this checks that they run and return sane figures, not how fast anyt
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "bench_elastic.py"
+from tests._scripts import load_benchmark
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_elastic", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_elastic")
 
 
 def test_the_per_step_measure_runs_the_three_handlers() -> None:

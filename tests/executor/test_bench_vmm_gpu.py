@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,16 +13,14 @@ from typing import Any
 import pytest
 import torch
 
+from tests._scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_vmm_gpu.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_vmm_gpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # importable: no CUDA call at import
-    return module
+    return load_benchmark("bench_vmm_gpu")  # importable: no CUDA call at import
 
 
 def test_without_cuda_it_fails_loudly(
