@@ -2,7 +2,10 @@
 queue_positions``), read in from both ends of the queue's links, equal what a walk of the whole
 queue (``get_all_free_blocks``) says -- on vLLM's real ``BlockPool`` (the installed 0.33) under
 its own hand-outs, frees (cached to the back, uncached to the front) and evictions -- and the
-walk stops once every wanted block is found."""
+walk stops once every wanted block is found. The trim's free backed blocks
+(``SchedulerSide.free_backed``: as many as the backed blocks less those in use, found in from
+the ends) are every free, backed block, at those positions, under an elastic pool's own
+schedule (hand-outs within a binding limit, frees, evictions, trims, maps ahead)."""
 
 from __future__ import annotations
 
@@ -12,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from kvplan.elastic.ledger import Ledger
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
+from tests import _builders as builders
 from tests.elastic.test_admission_vllm import finish_some
+from tests.elastic.test_ledger import PAGE, plan_of
 
 pytestmark = pytest.mark.vllm
 NUM_BLOCKS = 96
@@ -88,3 +94,41 @@ def test_a_queue_without_links_is_read_through_its_list() -> None:
     queue = SimpleNamespace(get_all_free_blocks=lambda: blocks)
     pool = SimpleNamespace(free_block_queue=queue)
     assert positions(pool, {9, 7, 11}) == {7: 0, 9: 2}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_trims_free_backed_blocks_are_every_free_backed_block(seed: int) -> None:
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvplan.integrations.vllm import elastic
+
+    rng = random.Random(seed)
+    pool = BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
+    ledger = Ledger(plan_of(builders.llama(num_blocks=NUM_BLOCKS)), PAGE)
+    settings = elastic.ElasticSettings(limit=ledger.reserved_bytes // 2, reserve=4 * 65536)
+    side = SchedulerSide(ledger, settings, pool, None)
+    elastic.make_elastic(pool, side)
+    used: list[Any] = []
+    tag = 0
+    seen = 0
+    for _ in range(400):
+        scanned = {b for b in ledger.backed if b != 0 and pool.blocks[b].ref_cnt == 0}
+        found = side.free_backed()
+        assert set(found) == scanned
+        assert found == whole_walk(pool, scanned)
+        seen += bool(scanned)
+        op = rng.random()
+        if op < 0.4 and pool.get_num_free_blocks() > 8:
+            used.extend(pool.get_new_blocks(rng.randint(1, 6)))
+        elif op < 0.7 and used:
+            tag = finish_some(pool, used, rng, tag)
+        elif op < 0.8:
+            cached = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+            cached = [b for b in cached if pool.blocks[b].block_hash is not None]
+            if cached:
+                pool.evict_blocks({rng.choice(cached)})
+        elif op < 0.9:
+            side.trim()  # gives back what the reserve and the limit ask
+        else:
+            side.map_ahead()
+    assert seen > 100  # free backed blocks were there to find, most of the time

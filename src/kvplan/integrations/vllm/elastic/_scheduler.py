@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -293,31 +293,44 @@ class SchedulerSide:
             yield block.block_id
             block = block.next_free_block
 
-    def queue_positions(self, wanted: set[int]) -> dict[int, int]:
-        """The positions in vLLM's free queue (0: its front) of the ``wanted`` blocks, walking
-        in from both ends until all are found -- the backed free blocks sit near the ends
-        (uncached ones at the front, where the pool puts them; blocks freed with cache entries
-        at the back), so a step's trim reads a few links, not the whole queue of a pool of
-        100,000 blocks. Through the queue's public list when its links are not there."""
+    def queue_positions(self, wanted: Collection[int], count: int | None = None) -> dict[int, int]:
+        """The positions in vLLM's free queue (0: its front) of the ``wanted`` blocks in it,
+        walking in from both ends until ``count`` of them (all of ``wanted`` unless told) are
+        found -- the backed free blocks sit near the ends (uncached ones at the front, where
+        the pool puts them; blocks freed with cache entries at the back), so a step's trim
+        reads a few links, not the whole queue of a pool of 100,000 blocks. Through the
+        queue's public list when its links are not there."""
+        if count is None:
+            count = len(wanted)
         queue = self.pool.free_block_queue
         head = getattr(getattr(queue, "fake_free_list_head", None), "next_free_block", None)
         tail = getattr(getattr(queue, "fake_free_list_tail", None), "prev_free_block", None)
         if head is None or tail is None:
             listed = queue.get_all_free_blocks()
             return {b.block_id: i for i, b in enumerate(listed) if b.block_id in wanted}
-        count = int(queue.num_free_blocks)
+        size = int(queue.num_free_blocks)
         found: dict[int, int] = {}
         front, back = head, tail
-        for i in range((count + 1) // 2):
-            if len(found) == len(wanted):
+        for i in range((size + 1) // 2):
+            if len(found) >= count:
                 break
             if front.block_id in wanted:
                 found[front.block_id] = i
-            j = count - 1 - i
+            j = size - 1 - i
             if j > i and back.block_id in wanted:
                 found[back.block_id] = j
             front, back = front.next_free_block, back.prev_free_block
         return found
+
+    def free_backed(self) -> dict[int, int]:
+        """The free, backed blocks, with their positions in vLLM's free queue (0: its front).
+        Every block in use is backed, and so is the null block (never free): there are as many
+        as the ledger's backed blocks less the blocks in use, found in from the ends of the
+        queue (:meth:`queue_positions`) -- a pass proportional to them, not to every backed
+        block of the pool."""
+        pool, backed = self.pool, self.ledger.backed
+        in_use = pool.num_gpu_blocks - int(pool.free_block_queue.num_free_blocks)
+        return self.queue_positions(backed, len(backed) - in_use)
 
     def free_count(self, vanilla: int) -> int:
         """:meth:`count_free`, after asking the group for more when its grant is what binds:
@@ -518,10 +531,9 @@ class SchedulerSide:
 
         pool = self.pool
         blocks = pool.blocks
-        backed_free = [b for b in self.ledger.backed if b != 0 and blocks[b].ref_cnt == 0]
-        order = self.queue_positions(set(backed_free))
         free = [
-            FreeBlock(b, blocks[b].block_hash is not None, order.get(b, 0)) for b in backed_free
+            FreeBlock(b, blocks[b].block_hash is not None, at)
+            for b, at in self.free_backed().items()
         ]
         mapped = self.ledger.mapped_bytes
         result = trim(
