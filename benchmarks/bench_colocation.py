@@ -19,7 +19,10 @@ More arms (``--arms``): ``shared-guaranteed`` (every member guaranteed one share
 below it claims it back from a borrower, and the claims are timed); ``kvplan-split-tight``
 (kvplan-split reserving one share, ``KVPLAN_CAPACITY`` = the limit: vLLM's pool as small as
 vanilla-split's), ``kvplan-split-ahead`` (``KVPLAN_RESERVE`` = the share), ``kvplan-split-base`` and
-``shared-base`` (kvplan from ``--base-src``: a before/after in one run).
+``shared-base`` (kvplan from ``--base-src``: a before/after in one run), and
+``vanilla-split-twin``, the A/A control: vanilla-split again with engines of its own, so its
+ratio to vanilla-split is what this benchmark measures when nothing differs -- its resolution
+on the machine it runs on. Read every other arm's ratio against it.
 
 Every engine is a real engine in a process of its own (the tiny llama of the engine tests,
 weights re-drawn, in-process engine core: ``tests/engine/_coloc_driver.py``). **Each round
@@ -93,6 +96,10 @@ split gives each engine, and it borrows the rest; a member below its share claim
 TIGHT_ARMS = ("kvplan-split-tight",)
 """kvplan-split reserving one share (``KVPLAN_CAPACITY`` = the limit): vLLM's pool holds as
 many blocks as vanilla-split's, so what a larger reservation costs vLLM shows apart."""
+TWIN_ARMS = ("vanilla-split-twin",)
+"""vanilla-split again, engines of its own: the A/A control. Its ratio to vanilla-split is what
+the same code measures against itself on this machine -- the benchmark's resolution, printed
+beside every other arm's ratio."""
 BASE_ARMS = ("kvplan-split-base", "shared-base")
 """The kvplan arms again with kvplan from ``--base-src`` (another checkout's ``src``), in the
 same run: a before/after comparison that drift hits alike."""
@@ -173,7 +180,8 @@ def arm_setup(
     ahead = arm.endswith("-ahead")
     tight = arm.endswith("-tight")
     guaranteed = arm.endswith("-guaranteed")
-    arm = arm.removesuffix("-ahead").removesuffix("-tight").removesuffix("-guaranteed")
+    for suffix in ("-ahead", "-tight", "-guaranteed", "-twin"):
+        arm = arm.removesuffix(suffix)
     if arm.endswith("-base"):
         assert base_src is not None, "a -base arm needs --base-src"
         arm = arm.removesuffix("-base")
@@ -524,7 +532,7 @@ def main() -> int:
     parser.add_argument("--trace", choices=("heavy", "light", "poisson"), default="heavy")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--rounds", type=int, default=3)
-    arms = ARMS + GUARANTEED_ARMS + TIGHT_ARMS + BASE_ARMS + AHEAD_ARMS
+    arms = ARMS + GUARANTEED_ARMS + TIGHT_ARMS + BASE_ARMS + AHEAD_ARMS + TWIN_ARMS
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=arms)
     parser.add_argument("--base-src", type=Path, help="kvplan's src for the -base arms")
     parser.add_argument("--src", type=Path, help="kvplan's src for the other arms (a snapshot)")
