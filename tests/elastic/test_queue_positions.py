@@ -34,6 +34,28 @@ def whole_walk(pool: Any, wanted: set[int]) -> dict[int, int]:
     return {b.block_id: i for i, b in enumerate(listed) if b.block_id in wanted}
 
 
+def random_event(pool: Any, used: list[Any], rng: random.Random, tag: int, side: Any = None) -> int:
+    """One pool event at random: blocks handed out, a request finishing, a cached block
+    evicted; with an elastic ``side``, also its trim (what the reserve and the limit ask) or
+    its map ahead. The next cache tag."""
+    op = rng.random()
+    if side is not None and op >= 0.85:
+        if op < 0.93:
+            side.trim()
+        else:
+            side.map_ahead()
+    elif op < 0.45 and pool.get_num_free_blocks() > 8:
+        used.extend(pool.get_new_blocks(rng.randint(1, 6)))
+    elif op < 0.8 and used:
+        tag = finish_some(pool, used, rng, tag)
+    elif op < 0.9:
+        cached = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+        cached = [b for b in cached if pool.blocks[b].block_hash is not None]
+        if cached:
+            pool.evict_blocks({rng.choice(cached)})
+    return tag
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_positions_equal_a_walk_of_the_whole_queue(seed: int) -> None:
     from vllm.v1.core.block_pool import BlockPool
@@ -50,16 +72,7 @@ def test_positions_equal_a_walk_of_the_whole_queue(seed: int) -> None:
             {NUM_BLOCKS + 5} | set(free[:2]),  # one not in the queue: the walk reads it all
         ):
             assert positions(pool, wanted) == whole_walk(pool, wanted)
-        op = rng.random()
-        if op < 0.45 and pool.get_num_free_blocks() > 8:
-            used.extend(pool.get_new_blocks(rng.randint(1, 6)))
-        elif op < 0.8 and used:
-            tag = finish_some(pool, used, rng, tag)
-        elif op < 0.9:
-            cached = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
-            cached = [b for b in cached if pool.blocks[b].block_hash is not None]
-            if cached:
-                pool.evict_blocks({rng.choice(cached)})
+        tag = random_event(pool, used, rng, tag)
 
 
 def test_the_walk_stops_once_every_wanted_block_is_found() -> None:
@@ -117,18 +130,5 @@ def test_the_trims_free_backed_blocks_are_every_free_backed_block(seed: int) -> 
         assert set(found) == scanned
         assert found == whole_walk(pool, scanned)
         seen += bool(scanned)
-        op = rng.random()
-        if op < 0.4 and pool.get_num_free_blocks() > 8:
-            used.extend(pool.get_new_blocks(rng.randint(1, 6)))
-        elif op < 0.7 and used:
-            tag = finish_some(pool, used, rng, tag)
-        elif op < 0.8:
-            cached = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
-            cached = [b for b in cached if pool.blocks[b].block_hash is not None]
-            if cached:
-                pool.evict_blocks({rng.choice(cached)})
-        elif op < 0.9:
-            side.trim()  # gives back what the reserve and the limit ask
-        else:
-            side.map_ahead()
+        tag = random_event(pool, used, rng, tag, side)
     assert seen > 100  # free backed blocks were there to find, most of the time
