@@ -276,7 +276,7 @@ class ElasticMode:
 
     def schedule(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.schedule``: give memory back, schedule, attach the step's operations."""
-        scheduler = call.arguments["self"]
+        scheduler = call.argument("self")
         side = side_of(scheduler)
         if side is None:
             return call.run()
@@ -293,16 +293,16 @@ class ElasticMode:
 
     def update_from_output(self, runtime: Runtime, call: Call) -> Any:
         """``Scheduler.update_from_output``: a step whose maps failed becomes out of blocks."""
-        scheduler = call.arguments["self"]
+        scheduler = call.argument("self")
         side = side_of(scheduler)
-        output = call.arguments["scheduler_output"]
+        output = call.argument("scheduler_output")
         if side is None:
             return call.run()
         with side.lock:
             side.stepping = False
             ops = getattr(output, OPS_ATTR, None)
             if ops is not None:
-                report = recovery.report_of(call.arguments["model_runner_output"])
+                report = recovery.report_of(call.argument("model_runner_output"))
                 if report is not None and report.seq == ops.seq:
                     recovery.recover_failed_map(scheduler, side, report.failure())
             result = call.run()
@@ -319,10 +319,10 @@ class ElasticMode:
         """``EngineCoreProc._handle_client_request``: the busy loop took a request off its
         input queue; kvplan's own wake (``_reclaim.WAKE``) gives an idle engine's memory
         back on the loop's thread, everything else is vLLM's."""
-        if call.arguments["request_type"] != reclaim.WAKE:
+        if call.argument("request_type") != reclaim.WAKE:
             return call.run()
         for watcher in self.watchers:
-            if watcher.engine_core is call.arguments["self"]:
+            if watcher.engine_core is call.argument("self"):
                 watcher.handle()
         return None
 
@@ -350,10 +350,10 @@ class ElasticMode:
 
     def before_step(self, runtime: Runtime, call: Call) -> None:
         """``Worker.execute_model``: unmap, then map, this step's blocks (vLLM runs it next)."""
-        ops = getattr(call.arguments["scheduler_output"], OPS_ATTR, None)
+        ops = getattr(call.argument("scheduler_output"), OPS_ATTR, None)
         if ops is None:
             return
-        worker = call.arguments["self"]
+        worker = call.argument("self")
         side = worker_state.worker_of(getattr(worker, "model_runner", None))
         if side is None:
             why = "this worker received elastic operations but bound no elastic KV cache"
@@ -380,12 +380,12 @@ class ElasticMode:
         carries a pending failed-map report to the scheduler (else ``sample_tokens`` does)."""
         if result is None:
             return result
-        return self._carry_report(call.arguments["self"], result)
+        return self._carry_report(call.argument("self"), result)
 
     def sample_tokens(self, runtime: Runtime, call: Call) -> Any:
         """``Worker.sample_tokens``: the step's output (V1 runner: ``execute_model`` returned
         ``None``) carries a pending failed-map report to the scheduler."""
-        return self._carry_report(call.arguments["self"], call.run())
+        return self._carry_report(call.argument("self"), call.run())
 
     def _carry_report(self, worker: Any, output: Any) -> Any:
         side = worker_state.worker_of(getattr(worker, "model_runner", None))

@@ -20,6 +20,7 @@ from kvplan.integrations.vllm.pipeline._runtime import (
     current_context,
     current_vllm_config,
     plan_step,
+    positions_of,
     rank_label,
     with_aliases,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "current_vllm_config",
     "live_caches",
     "plan_step",
+    "positions_of",
     "rank_label",
     "release_all",
     "with_aliases",

@@ -127,7 +127,7 @@ def v2_init(runtime: Runtime, call: Call) -> Any:
 def step(runtime: Runtime, call: Call) -> Any:
     """``Worker.execute_model``: the caches vLLM holds are still kvplan's; the mode acts
     (elastic: unmap, then map, the step's blocks); then vLLM runs the step."""
-    runtime.check_step(getattr(call.arguments["self"], "model_runner", None))
+    runtime.check_step(getattr(call.argument("self"), "model_runner", None))
     runtime.mode.before_step(runtime, call)
     return runtime.mode.after_step(runtime, call, call.run())
 

@@ -48,6 +48,10 @@ class Call:
     target: Target
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    positions: Mapping[str, int] = field(default_factory=dict)
+    """Where each positional parameter of ``signature`` sits in ``args``
+    (:func:`positions_of`, computed once per wrapped function): :meth:`argument` reads one
+    without binding them all."""
 
     @property
     def site(self) -> str:
@@ -64,6 +68,29 @@ class Call:
         bound = self.signature.bind(*self.args, **self.kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
+
+    def argument(self, name: str) -> Any:
+        """One parameter by name, as :attr:`arguments` has it: read where the caller passed it
+        when it did (binding every parameter costs microseconds, and a step calls several
+        wrapped functions), else bound (a default)."""
+        at = self.positions.get(name)
+        if at is not None and at < len(self.args):
+            return self.args[at]
+        if name in self.kwargs:
+            return self.kwargs[name]
+        return self.arguments[name]
+
+
+def positions_of(signature: inspect.Signature) -> dict[str, int]:
+    """The positional parameters of ``signature`` by name, with their places in a call's
+    positional arguments (the ones before a ``*args``)."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    places: dict[str, int] = {}
+    for at, parameter in enumerate(signature.parameters.values()):
+        if parameter.kind not in positional:
+            break
+        places[parameter.name] = at
+    return places
 
 
 @dataclass

@@ -147,17 +147,18 @@ def preflight(
 
 def _wrap(resolved: Resolved, runtime: Runtime, handler: Handler) -> Callable[..., Any]:
     """The wrapper vLLM calls instead of ``resolved``: ``handler`` while active."""
-    from kvplan.integrations.vllm.pipeline import Call
+    from kvplan.integrations.vllm.pipeline import Call, positions_of
 
     original = resolved.value
     target = resolved.target
     sig = inspect.signature(original)
+    positions = positions_of(sig)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not runtime.active:
             return original(*args, **kwargs)
-        return handler(runtime, Call(original, sig, target, args, kwargs))
+        return handler(runtime, Call(original, sig, target, args, kwargs, positions))
 
     setattr(wrapper, "__kvplan_wrapper__", True)  # noqa: B010
     setattr(wrapper, "__kvplan_site__", target.name)  # noqa: B010
