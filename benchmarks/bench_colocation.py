@@ -25,7 +25,7 @@ ratio to vanilla-split is what this benchmark measures when nothing differs -- i
 on the machine it runs on. Read every other arm's ratio against it.
 
 Every engine is a real engine in a process of its own (the tiny llama of the engine tests,
-weights re-drawn, in-process engine core: ``tests/engine/_coloc_driver.py``). **Each round
+weights re-drawn, in-process engine core: ``harness/engine/_coloc_driver.py``). **Each round
 starts every arm's engines afresh**, warms them up with a few requests (not measured: first
 requests pay one-time costs), and serves every seed's trace as a phase of its own, the arms
 **interleaved**: for each seed every arm in an order rotated by round and seed, so that drift
@@ -75,9 +75,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.engine import _colocation as co  # noqa: E402
-from tests.engine import harness  # noqa: E402
-from tests.engine._models import write_model  # noqa: E402
+from harness.engine import _colocation as co  # noqa: E402
+from harness.engine import harness  # noqa: E402
+from harness.engine._models import write_model  # noqa: E402
 
 ENGINE = {**co.ENGINE, "max_model_len": 256, "max_num_seqs": 16}
 BLOCK_BYTES = 64 << 10

@@ -35,9 +35,9 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 def micro(steps: int) -> float:
     """Median µs per step of kvplan's elastic handlers when nothing changes."""
-    from tests import _builders as builders
     from vllm.v1.core.block_pool import BlockPool
 
+    from harness import _builders as builders
     from kvplan.elastic.ledger import Ledger
     from kvplan.integrations.vllm import elastic
     from kvplan.integrations.vllm.pipeline import Call
@@ -123,9 +123,9 @@ def admission(num_blocks: int) -> dict[str, float]:
     host-vmm's 4 KiB chunks (a uniform block cost: arithmetic) and with 2 MiB chunks (blocks
     share chunks: the free-queue walk, then its memo until the pool changes; and the
     incremental admission index next to it, see :func:`index_costs`)."""
-    from tests import _builders as builders
     from vllm.v1.core.block_pool import BlockPool
 
+    from harness import _builders as builders
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
 
@@ -216,8 +216,8 @@ def _per_call(fn: Any, calls: int) -> float:
 
 
 def engines(rounds: int, tokens: int, twin: bool = False) -> dict[str, float]:
-    from tests.engine import cases, harness
-    from tests.engine._models import write_model
+    from harness.engine import cases, harness
+    from harness.engine._models import write_model
 
     python = harness.ensure_engine_env(lambda m: print(m, file=sys.stderr))
     names = ["eager", "elastic", *(["eager-twin"] if twin else [])]
@@ -258,8 +258,7 @@ def trim_cost(num_blocks: int, rounds: int = 200) -> dict[str, float]:
     quarter in use and ``KVPLAN_MEMORY_LIMIT`` at half the reservation (4 KiB chunks); next to
     it, the walk of the whole free queue each such trim made before (its positions in the
     queue: ``SchedulerSide.queue_positions`` now reads in from both ends)."""
-    from tests import _builders as builders
-
+    from harness import _builders as builders
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
 

@@ -4,7 +4,7 @@
     python benchmarks/bench_engine.py [--model llama] [--rounds 5] [--json OUT.json]
 
 Real engines in the engine venv (``.venv-engine/`` or ``KVPLAN_ENGINE_VENV``; built like the
-test suite does, see ``tests/engine/harness.py``), all in one driver process: a discarded
+test suite does, see ``harness/engine/harness.py``), all in one driver process: a discarded
 warm-up engine, then ``--rounds`` rounds of vanilla, kvplan torch and kvplan host-vmm (eager),
 in an order rotated every round. Start-up is ``LLM(...)`` (load, profile, KV cache, warm-up);
 generation is two greedy requests (80 and 73 prompt tokens, 6 new tokens each). Ratios are
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.engine import cases, harness  # noqa: E402
-from tests.engine._models import write_model  # noqa: E402
+from harness.engine import cases, harness  # noqa: E402
+from harness.engine._models import write_model  # noqa: E402
 
 ARMS = {
     "vanilla": {},

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 import torch  # noqa: E402
-from tests.executor import _plans as plans  # noqa: E402
-from tests.executor._patterns import vanilla  # noqa: E402
 
+from harness.executor import _plans as plans  # noqa: E402
+from harness.executor._patterns import vanilla  # noqa: E402
 from kvplan.executor import apply  # noqa: E402
 from kvplan.executor.backends.host_vmm import HostVmmBackend  # noqa: E402
 from kvplan.schemas.plan import BindingPlan  # noqa: E402

@@ -38,16 +38,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.engine import harness  # noqa: E402
-from tests.engine._models import write_model  # noqa: E402
-from tests.engine._server import (  # noqa: E402
+from harness.engine import harness  # noqa: E402
+from harness.engine._models import write_model  # noqa: E402
+from harness.engine._server import (  # noqa: E402
     MODEL_NAME,
     SERVER_OPTIONS,
     Server,
     run_client,
     start_server,
 )
-from tests.engine._weights import write_weights  # noqa: E402
+from harness.engine._weights import write_weights  # noqa: E402
 
 OPTIONS: dict[str, Any] = {**SERVER_OPTIONS, "enable_prefix_caching": False}
 REQUESTS = [

@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests import _builders as b  # noqa: E402
-
 import kvplan  # noqa: E402
+from harness import _builders as b  # noqa: E402
 from kvplan.schemas.loading import parse_input  # noqa: E402
 
 

@@ -24,10 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests import _builders as b  # noqa: E402
-from tests.render._pictures import gemma_blhnc_plan, gemma_plan  # noqa: E402
-
 import kvplan  # noqa: E402
+from harness import _builders as b  # noqa: E402
+from harness.render._pictures import gemma_blhnc_plan, gemma_plan  # noqa: E402
 from kvplan.render import diff_page, plan_page  # noqa: E402
 from kvplan.schemas.loading import dumps, parse_input  # noqa: E402
 from kvplan.schemas.plan import BindingPlan  # noqa: E402

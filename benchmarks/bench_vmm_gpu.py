@@ -157,8 +157,7 @@ def churn(be: Any, chunks: int, rounds: int) -> dict[str, Any]:
 
 def executor_churn(be: Any, chunks: int, rounds: int) -> dict[str, Any]:
     """``ensure_mapped``/``release_blocks`` of one block per 2 MiB chunk; µs per 2 MiB."""
-    from tests.executor import _plans as plans
-
+    from harness.executor import _plans as plans
     from kvplan.executor import apply
 
     per_chunk_blocks = CHUNK // (64 << 10)  # llama_plan: 64 KiB per block and layer
@@ -186,8 +185,8 @@ def executor_churn(be: Any, chunks: int, rounds: int) -> dict[str, Any]:
 def eager_bind(be: Any, gib: float, repeats: int) -> dict[str, Any]:
     """Apply a ``gib`` GiB plan eagerly at 2 MiB and at the default chunk, vs torch.zeros."""
     import torch
-    from tests.executor import _plans as plans
 
+    from harness.executor import _plans as plans
     from kvplan.executor import EAGER_CHUNK_BYTES, apply
 
     plan = plans.llama_8b_plan(pool_bytes=int(gib * GiB))

@@ -70,9 +70,9 @@ def median_ms(samples: list[float]) -> float:
 # -- lazily imported modules (so an import failure is a failed check, not a crash) ------
 def mods() -> Any:
     import torch
-    from tests.executor import _plans as plans
-    from tests.executor._patterns import fill_pattern, vanilla
 
+    from harness.executor import _plans as plans
+    from harness.executor._patterns import fill_pattern, vanilla
     from kvplan.executor import apply, verify
     from kvplan.executor.backends.cuda_vmm import CudaVmmBackend, load_driver
     from kvplan.executor.backends.faults import FaultyBackend

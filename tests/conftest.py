@@ -17,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """The session's main process (the xdist controller, before its workers start) gives
     this run the id that marks every engine process the tests start."""
     if not hasattr(config, "workerinput"):
-        from tests.engine import _leftovers
+        from harness.engine import _leftovers
 
         _leftovers.start_run()
 
@@ -55,7 +55,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("dsession"):
         return
-    from tests.engine import _leftovers
+    from harness.engine import _leftovers
 
     def write(text: str) -> None:
         capture = config.pluginmanager.get_plugin("capturemanager")
@@ -82,7 +82,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In the main process, once every test is done: no engine process is left (vLLM's
     engine cores and workers, a second node's tree, Ray's daemons); any that outlives a grace
     is killed, and fails the run."""
-    from tests.engine import _leftovers
+    from harness.engine import _leftovers
 
     for watch in _WATCH:
         watch.stop()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine import harness
 from tests import _deadline
-from tests.engine import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 

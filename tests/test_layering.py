@@ -3,7 +3,9 @@
 A private module is any module whose dotted path has a component starting with ``_`` (not a
 dunder): ``kvplan.integrations.vllm._refusals`` is private to ``kvplan.integrations.vllm``,
 which it and its subpackages may import; everything else goes through a public module.
-Checked on the source with ``ast``, so lazy imports inside functions count too.
+Checked on the source with ``ast``, so lazy imports inside functions count too. The same
+goes for the repository's own folders: the tests and the benchmarks share code only through
+``harness/``.
 """
 
 from __future__ import annotations
@@ -279,4 +281,59 @@ def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking() -> None:
     )
     assert upward_imports({"kvplan.planner": {"kvplan.cli.app": 7}}) == [
         "kvplan.planner:7 (planner) imports kvplan.cli.app (cli)"
+    ]
+
+
+# -- tests, benchmarks and the harness they share ----------------------------------------------
+
+REPO = SRC.parent
+SHARED_BY = {"harness": ("tests", "benchmarks"), "benchmarks": (), "tests": ()}
+"""Who may import whom among the repository's top-level code folders: the tests and the
+benchmarks share code only through ``harness/`` (the tests run a benchmark script's functions
+by loading it from its path, ``tests/_scripts.py``, never by import)."""
+
+
+def cross_imports(files: dict[str, str]) -> list[str]:
+    """``path:line imports X`` for each import, lazy ones included, of a top-level folder of
+    :data:`SHARED_BY` other than the importer's own and the harness (``files``: repository
+    path -> source)."""
+    out = []
+    for path, source in sorted(files.items()):
+        own = path.split("/", 1)[0]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in SHARED_BY and top != own and own not in SHARED_BY[top]:
+                    out.append(f"{path}:{node.lineno} imports {name}")
+    return out
+
+
+def test_tests_and_benchmarks_share_code_only_through_the_harness() -> None:
+    files = {
+        str(path.relative_to(REPO)): path.read_text()
+        for folder in SHARED_BY
+        for path in sorted((REPO / folder).rglob("*.py"))
+    }
+    assert len(files) > 150
+    assert cross_imports(files) == []
+
+
+def test_the_harness_check_sees_every_direction() -> None:
+    files = {
+        "benchmarks/b.py": "def f():\n    from tests.engine import cases\n",
+        "harness/h.py": "import tests._deadline\n",
+        "tests/t.py": "from benchmarks import bench_elastic\nfrom harness import _builders\n",
+        "tests/u.py": "from tests import _scripts\n",
+        "benchmarks/c.py": "from harness.engine import harness\n",
+    }
+    assert cross_imports(files) == [
+        "benchmarks/b.py:2 imports tests.engine",
+        "harness/h.py:1 imports tests._deadline",
+        "tests/t.py:1 imports benchmarks",
     ]

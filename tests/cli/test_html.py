@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from harness.render._pictures import GEMMA, gemma_plan
 from kvplan.cli import app
 from kvplan.schemas.loading import load_input, load_plan
-from tests.render._pictures import GEMMA, gemma_plan
 from tests.render.test_render import names_in
 
 runner = CliRunner()

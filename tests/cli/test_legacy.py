@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from harness import _builders as b
 from kvplan.cli import app
-from tests import _builders as b
 from tests.planner.legacy._helpers import LEGACY
 
 runner = CliRunner()

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness import _builders as builders
 from kvplan.elastic.admission import AdmissionIndex, Fenwick
 from kvplan.elastic.ledger import FreeBlock, Ledger, admit, trim
-from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 LAYOUTS = {

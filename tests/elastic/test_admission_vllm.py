@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as builders
 from kvplan.elastic.admission import AdmissionIndex
 from kvplan.elastic.ledger import FreeBlock, Ledger, trim
-from tests import _builders as builders
 from tests.elastic.test_admission import admit_until_one_does_not_fit, model_order
 from tests.elastic.test_ledger import PAGE, plan_of
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from harness._stats import make_stats
 from kvplan.cli import elastic_cmd
 from kvplan.cli.app import app
 from kvplan.elastic.files import LimitRequest, read_limit, write_stats
-from tests.elastic.test_files import make_stats
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
 

@@ -36,7 +36,7 @@ def _scheduler(tmp_path: Any) -> tuple[Any, SchedulerSide]:
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tests.engine._models import write_model
+    from harness.engine._models import write_model
 
     model = ModelConfig(
         model=str(write_model("llama", tmp_path / "model")), skip_tokenizer_init=True,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as builders
 from kvplan.elastic.group import read_snapshot, set_budget
 from kvplan.elastic.ledger import Ledger
 from kvplan.integrations.vllm.elastic import ElasticSettings, SchedulerSide, make_elastic
 from kvplan.integrations.vllm.elastic._group import join
 from kvplan.integrations.vllm.elastic._scheduler import ASK_SECONDS
-from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 pytestmark = pytest.mark.vllm

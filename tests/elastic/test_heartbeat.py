@@ -28,7 +28,7 @@ faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks when the p
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from kvplan.executor import apply
 from kvplan.integrations.vllm.elastic import ElasticSettings, attach_worker, worker_side
-from tests import _builders as builders
+from harness import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 plan = plan_of(builders.llama(num_blocks=64))

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as builders
 from kvplan.elastic.ledger import FreeBlock, Ledger, admit, trim
 from kvplan.planner import build_plan
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
-from tests import _builders as builders
 
 PAGE = 4096
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as builders
 from kvplan.elastic.ledger import Ledger
 from kvplan.executor import apply
 from kvplan.executor.backends.faults import FaultyBackend
@@ -23,7 +24,6 @@ from kvplan.integrations.vllm.elastic import (
     read_elastic_settings,
 )
 from kvplan.schemas.errors import Code, KVPlanError, error
-from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 NUM_BLOCKS = 64

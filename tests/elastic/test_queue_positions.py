@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from harness import _builders as builders
 from kvplan.elastic.ledger import Ledger
 from kvplan.integrations.vllm.elastic._scheduler import SchedulerSide
-from tests import _builders as builders
 from tests.elastic.test_admission_vllm import finish_some
 from tests.elastic.test_ledger import PAGE, plan_of
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from harness import _builders as builders
 from kvplan.elastic.group import read_snapshot, set_budget
 from kvplan.elastic.ledger import Ledger
 from kvplan.executor import apply
@@ -29,7 +30,6 @@ from kvplan.integrations.vllm.elastic import (
 from kvplan.integrations.vllm.elastic import _reclaim as reclaim
 from kvplan.integrations.vllm.elastic import _worker as worker_state
 from kvplan.integrations.vllm.elastic._group import join
-from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 
 pytestmark = pytest.mark.vllm

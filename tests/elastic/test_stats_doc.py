@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from harness._stats import make_stats
 from kvplan.elastic.files import ElasticStats
-from tests.elastic.test_files import make_stats
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "elastic.md"
 

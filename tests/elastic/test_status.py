@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
+from harness._stats import make_stats
 from kvplan.elastic import status
 from kvplan.elastic.status import engine_status, pid_namespace, process_alive
-from tests.elastic.test_files import make_stats
 
 HERE = {"host": socket.gethostname(), "pid_namespace": pid_namespace()}
 

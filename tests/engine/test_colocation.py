@@ -2,7 +2,7 @@
 host-vmm with poisoned unbacked memory, members of one kvplan group (``KVPLAN_GROUP``).
 
 One scenario (a module fixture, about four minutes on an idle machine) runs; the tests check
-parts of it. Engines: ``llama`` (the tiny llama of ``tests/engine/_models.py``) and ``gemma``
+parts of it. Engines: ``llama`` (the tiny llama of ``harness/engine/_models.py``) and ``gemma``
 (tiny gemma-4, KV sharing), weights re-drawn from a seed; a group budget far below what both
 map when busy at once, far above their two floors. A seeded trace of bursts in phases (the
 test opens each phase when the previous one is done, so the phases do not depend on the
@@ -59,10 +59,10 @@ from typing import Any
 
 import pytest
 
+from harness.engine import _colocation as co
+from harness.engine._models import write_model
 from kvplan.elastic.group import read_snapshot
 from kvplan.schemas.errors import KVPlanError
-from tests.engine import _colocation as co
-from tests.engine._models import write_model
 
 MODELS = {"llama": "llama", "gemma": "gemma4"}
 BLOCK_BYTES = {"llama": 64 << 10, "gemma": 48 << 10}

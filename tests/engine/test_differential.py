@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.cases import RELEASE_CASES
+from harness.engine.cases import RELEASE_CASES
+from harness.engine.harness import DEFAULT_RELEASE, ENGINE_ENV, ROOT
 from tests.engine.conftest import EnginePython
-from tests.engine.harness import DEFAULT_RELEASE, ENGINE_ENV, ROOT
 
 SUITE = "tests/integrations/vllm/capture/test_differential.py"
 

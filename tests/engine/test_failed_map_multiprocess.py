@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.harness import EngineRun, Variant, kvplan_env
 from tests.engine._multiproc import SHARED, dumped, run_mp
-from tests.engine._worker_hooks import HOOKS_ENV
-from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 FAILED_MAP = 2
 """The map (of each worker, 1-based) that fails: the second maps a block a request grows

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.engine.cases import RELEASE_CASES
+from harness.engine.cases import RELEASE_CASES
+from harness.engine.harness import ENGINE_ENV
 from tests.engine.conftest import EnginePython
-from tests.engine.harness import ENGINE_ENV
 from tests.integrations.vllm.capture._cases import CASES, shrunk_config
 
 RELEASES = list(RELEASE_CASES)

@@ -35,11 +35,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvplan.elastic.files import ElasticStats, read_stats
-from kvplan.elastic.group import read_snapshot
-from kvplan.integrations.vllm.metrics import METRICS, RANK_LABELS, STATUSES
-from kvplan.schemas.loading import load_plan
-from tests.engine._server import (
+from harness.engine._server import (
     MODEL_NAME,
     RESERVED,
     SERVER_OPTIONS,
@@ -48,8 +44,12 @@ from tests.engine._server import (
     run_client,
     start_server,
 )
-from tests.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
-from tests.engine.harness import kvplan_env
+from harness.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
+from harness.engine.harness import kvplan_env
+from kvplan.elastic.files import ElasticStats, read_stats
+from kvplan.elastic.group import read_snapshot
+from kvplan.integrations.vllm.metrics import METRICS, RANK_LABELS, STATUSES
+from kvplan.schemas.loading import load_plan
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from harness.engine._nodes import NODE1_DUMP_SUFFIX
+from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from kvplan.elastic.group import set_budget
 from tests.engine._multiproc import (
     KV_HEADS,
@@ -31,9 +34,6 @@ from tests.engine._multiproc import (
     dumped,
     run_mp,
 )
-from tests.engine._nodes import NODE1_DUMP_SUFFIX
-from tests.engine._worker_hooks import HOOKS_ENV
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 FAILED_MAP = 2
 """Map 2 of rank 1 fails: the block a request grows into while decoding (as in

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine.harness import EngineRun, Variant, kvplan_env
 from tests.engine._multiproc import (
     MAX_TOKENS,
     NUM_BLOCKS,
@@ -27,7 +28,6 @@ from tests.engine._multiproc import (
     dumped,
     run_mp,
 )
-from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")
 
@@ -92,8 +92,8 @@ def test_a_refused_engine_core_shows_kvplans_paragraph_once_before_vllms_traceba
     vLLM prints ``EngineCore failed to start`` with its traceback and the front end fails with
     ``Engine core initialization failed``; kvplan's paragraphs come first, once, as a block of
     their own (``pipeline.announce``), before any traceback and any other error line."""
+    from harness.engine._models import write_model
     from kvplan.integrations.vllm.pipeline.announce import HEADING, RULE
-    from tests.engine._models import write_model
 
     refused = Variant(
         "too-small",

@@ -44,9 +44,8 @@ from typing import Any
 
 import pytest
 
-from kvplan.elastic.files import ElasticStats, read_stats
-from tests.engine._models import BLOCK_SIZE
-from tests.engine._server import (
+from harness.engine._models import BLOCK_SIZE
+from harness.engine._server import (
     BLOCK_BYTES,
     MODEL_NAME,
     NUM_BLOCKS,
@@ -57,8 +56,9 @@ from tests.engine._server import (
     run_client,
     start_server,
 )
-from tests.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
-from tests.engine.harness import kvplan_env
+from harness.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
+from harness.engine.harness import kvplan_env
+from kvplan.elastic.files import ElasticStats, read_stats
 
 HERE = Path(__file__).resolve().parent
 NEW_LIMIT = "12MiB"

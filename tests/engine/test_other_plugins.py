@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.engine._models import write_model
-from tests.engine.cases import BATCHES, ENGINE_ARGS, PROMPTS
-from tests.engine.harness import Variant, kvplan_env, run_engines
+from harness.engine._models import write_model
+from harness.engine.cases import BATCHES, ENGINE_ARGS, PROMPTS
+from harness.engine.harness import Variant, kvplan_env, run_engines
 
 PLUGIN = "kvplan_test_other_plugin"
 PLUGIN_SOURCE = '''\

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from tests.engine._multiproc import KV_HEADS, MAX_TOKENS, REQUESTS, block_bytes, dumped, run_mp
-from tests.engine._worker_hooks import HOOKS_ENV
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 PP = 2
 FAILED_MAP = 2

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from tests.engine._multiproc import run_mp
 from tests.engine._ray import ensure_ray
-from tests.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 
 REFUSAL = "current platform cpu does not support ray"
 RAY_DAEMONS = ("raylet", "gcs_server", "ray::", "dashboard.py")

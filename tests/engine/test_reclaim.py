@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine import _colocation as co
-from tests.engine._models import write_model
+from harness.engine import _colocation as co
+from harness.engine._models import write_model
 
 BLOCK = 64 << 10
 """One KV block of the tiny llama (32 tokens, every layer; checked)."""

@@ -8,9 +8,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.engine._models import write_model
-from tests.engine.cases import BATCHES, ENGINE_ARGS, PROMPTS
-from tests.engine.harness import EngineRun, Variant, kvplan_env, run_engines
+from harness.engine._models import write_model
+from harness.engine.cases import BATCHES, ENGINE_ARGS, PROMPTS
+from harness.engine.harness import EngineRun, Variant, kvplan_env, run_engines
 
 
 def test_engine_binds_only_the_reviewed_plan(

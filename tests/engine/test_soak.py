@@ -1,4 +1,4 @@
-"""The soak's 3-minute version (#28's CI version) (``tests/engine/_soak``; the 20-minute one is
+"""The soak's 3-minute version (#28's CI version) (``harness/engine/_soak``; the 20-minute one is
 ``benchmarks/soak.py``, its figures in docs/performance.md): a served elastic engine in a group
 with a neighbour killed (-9) and restarted, bursts of heavy-tailed requests, a new
 ``kvplan limit`` every 20 s. Nothing leaks, nothing hangs, nothing stays borrowed."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine import _soak as soak
+from harness.engine import _soak as soak
 
 SECONDS = 180.0
 FLAT = 0.05

@@ -2,7 +2,7 @@
 heartbeat while it idles, ``stale`` in ``kvplan top`` when its writer stops (the process is
 stopped with SIGSTOP, alive but silent), ``closed`` after SIGTERM, ``dead`` after ``kill -9``.
 
-Each engine is one process (``tests/engine/_coloc_driver.py``): kvplan elastic on host-vmm,
+Each engine is one process (``harness/engine/_coloc_driver.py``): kvplan elastic on host-vmm,
 in-process engine core, no requests, idling until told to end. (vLLM's OpenAI server is
 covered by ``test_openai_server.py``: its SIGTERM kills the engine core and workers at once,
 so their files keep the last ``running`` snapshot and go stale.)
@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.engine import _colocation as co
+from harness.engine._models import write_model
+from harness.engine.harness import kvplan_env
 from kvplan.elastic.files import HEARTBEAT_SECONDS, STALE_HEARTBEATS
-from tests.engine import _colocation as co
-from tests.engine._models import write_model
-from tests.engine.harness import kvplan_env
 
 
 def _stats(dump: Path) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.engine.harness import EngineRun, Variant, kvplan_env
 from kvplan.schemas.canonical import fingerprint
 from kvplan.schemas.loading import load_input
 from tests.engine._multiproc import (
@@ -29,7 +30,6 @@ from tests.engine._multiproc import (
     block_bytes,
     dumped,
 )
-from tests.engine.harness import EngineRun, Variant, kvplan_env
 
 TP = 2
 KVPLAN = ("host-vmm-eager", "host-vmm-elastic")

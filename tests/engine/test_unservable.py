@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine import _colocation as co
-from tests.engine._server import MODEL_NAME, SERVER_OPTIONS, run_client, start_server
+from harness.engine import _colocation as co
+from harness.engine._server import MODEL_NAME, SERVER_OPTIONS, run_client, start_server
 
 BUDGET = 8 << 20
 BIG = [(7 * i) % 500 + 3 for i in range(600)]  # 19 blocks of 32 tokens with its first token

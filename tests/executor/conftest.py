@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from harness.executor import _plans as plans
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import _plans as plans
 
 CPU_BACKENDS = ("meta", "torch", "host-vmm")
 

@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 
+from harness.executor import _plans as plans
+from harness.executor._patterns import fill_pattern, vanilla
 from kvplan.executor import BoundKVCache, apply, create_backend, verify
 from kvplan.executor.backends.host_vmm import HostVmmBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import _plans as plans
-from tests.executor._patterns import fill_pattern, vanilla
 from tests.executor.conftest import memfd_lines, perms_at
 
 

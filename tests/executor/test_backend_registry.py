@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from harness.executor import _plans as plans
 from kvplan.executor.backends import (
     BACKENDS,
     PRIMITIVES,
@@ -26,7 +27,6 @@ from kvplan.executor.backends import (
 from kvplan.executor.backends.meta import MetaBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.loading import dump
-from tests.executor import _plans as plans
 
 cli = CliRunner()
 

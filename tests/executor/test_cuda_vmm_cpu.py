@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from harness.executor import _plans as plans
 from kvplan.executor import apply
 from kvplan.executor.backends import cuda_vmm
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import _plans as plans
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.executor import _plans as plans
+from harness.executor._patterns import fill_pattern, vanilla
 from kvplan.executor import apply, verify
 from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import _plans as plans
-from tests.executor._patterns import fill_pattern, vanilla
 
 pytestmark = [
     pytest.mark.gpu,

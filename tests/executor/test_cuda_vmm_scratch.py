@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.executor import _plans as plans
 from kvplan.executor import apply
 from kvplan.executor.backends import cuda_vmm
 from kvplan.executor.backends.base import BackendCallError
 from kvplan.executor.backends.cuda_vmm import CudaVmmBackend
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import _plans as plans
 from tests.executor._fake_cuda import FakeDriver
 
 G = 2 << 20  # the fake's granularity, CUDA's usual one

@@ -9,11 +9,11 @@ import textwrap
 import pytest
 import torch
 
+from harness.executor import _plans as plans
 from kvplan.executor import apply
 from kvplan.executor.backends.host_vmm import HostVmmBackend
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.errors import Code, KVPlanError
-from tests.executor import _plans as plans
 from tests.executor.conftest import memfd_lines, perms_at
 
 MiB = 1 << 20
@@ -176,7 +176,7 @@ def test_unmapped_pages_fault() -> None:
         import sys
         sys.path.insert(0, ".")
         from kvplan.executor import apply
-        from tests.executor import _plans as plans
+        from harness.executor import _plans as plans
         cache = apply(plans.llama_plan(layers=1, num_blocks=64), backend="host-vmm", mode="elastic")
         t = cache.tensors[plans.layer_name(0)]
         cache.ensure_mapped([0])

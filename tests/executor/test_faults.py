@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from harness.executor import _plans as plans
 from kvplan.executor import apply
 from kvplan.executor.backends.faults import FaultyBackend
 from kvplan.executor.backends.host_vmm import HostVmmBackend
 from kvplan.executor.backends.meta import MetaBackend
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.plan import BindingPlan
-from tests.executor import _plans as plans
 from tests.executor.conftest import memfd_lines, open_fds, perms_at
 
 MiB = 1 << 20

@@ -11,10 +11,10 @@ import os
 
 import pytest
 
+from harness.executor import _plans as plans
 from kvplan.executor import apply
 from kvplan.executor.backends.base import BackendCallError, RunMapping
 from kvplan.executor.backends.host_vmm import HostVmmBackend
-from tests.executor import _plans as plans
 from tests.executor.conftest import memfd_lines, perms_at
 
 PAGE = 4096

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.executor import _plans as plans
 from kvplan.planner.page_index import (
     MAX_RANGES_PER_ROW,
     PageIndex,
@@ -18,7 +19,6 @@ from kvplan.planner.page_index import (
     row_template,
 )
 from kvplan.schemas.plan import BindingPlan, Pool, View
-from tests.executor import _plans as plans
 
 P = 16 * 8 * 256 * 2  # llama page: bs16, 8 heads, K|V 256, bf16 = 64 KiB
 

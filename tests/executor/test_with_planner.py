@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import kvplan
+from harness import _builders as builders
+from harness.executor._patterns import fill_pattern, vanilla
 from kvplan.executor import apply, verify
 from kvplan.planner.page_index import PageIndex
 from kvplan.schemas.input import InputDocument
 from kvplan.schemas.plan import BindingPlan
-from tests import _builders as builders
-from tests.executor._patterns import fill_pattern, vanilla
 from tests.executor.test_page_index import as_bytes, brute_force
 
 DOCS: dict[str, Callable[[], dict[str, Any]]] = {

@@ -101,8 +101,8 @@ def test_every_number_option_reads_ascii_digits_only(
 def test_a_fraction_in_a_document_is_ascii(digit: str) -> None:
     """``tokens_per_state: "1/1"`` is vLLM's ``Fraction``; ``Fraction("٣/٤")`` would read the
     Arabic-Indic digits, so the schema reads ASCII fractions only (``KVP004``)."""
+    from harness import _builders as b
     from kvplan.schemas.loading import parse_input
-    from tests import _builders as b
 
     data = b.llama(2)
     spec = data["kv_cache_config"]["kv_cache_groups"][0]["kv_cache_spec"]

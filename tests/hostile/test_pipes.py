@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import typer
 
+from harness._stats import make_stats
 from kvplan.cli import app
 from kvplan.elastic.files import write_stats
-from tests.elastic.test_files import make_stats
 from tests.hostile._attacks import Area
 from tests.hostile._harness import SRC, assert_no_bug, spawn
 from tests.hostile.test_streams import COMMANDS

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import kvplan
+from harness import _builders as b
+from harness.executor import _plans as plans
 from kvplan.cli import app
 from kvplan.executor import apply, verify
 from kvplan.planner import build_plan, validate
@@ -30,8 +32,6 @@ from kvplan.schemas.canonical import to_data
 from kvplan.schemas.errors import Code, KVPlanError
 from kvplan.schemas.loading import load_any, parse_input, parse_plan
 from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
-from tests import _builders as b
-from tests.executor import _plans as plans
 from tests.planner.test_properties import configs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -452,8 +452,8 @@ def test_alias_cycle_is_one_bounded_diagnostic(n: int) -> None:
         from kvplan.planner import build_plan, validate
         from kvplan.schemas.loading import parse_input
         from kvplan.schemas.plan import Alias
-        from tests import _builders as b
-        from tests.executor import _plans as plans
+        from harness import _builders as b
+        from harness.executor import _plans as plans
         n = {n}
         data = b.llama(2)
         data["shared_kv_cache_layers"] = {{f"s{{i}}": f"s{{(i + 1) % n}}" for i in range(n)}}
@@ -488,7 +488,7 @@ INTERLEAVED = """
     from kvplan.planner import validate
     from kvplan.schemas.canonical import to_data
     from kvplan.schemas.plan import Pool, View
-    from tests.executor import _plans as plans
+    from harness.executor import _plans as plans
     n, runs, blocks = 256, 65536, 2
     views = [
         View(layer=f"l{i}", group=0, pool="p", kind="FullAttentionSpec", dtype="int8",
@@ -532,7 +532,7 @@ def test_megabyte_plan_of_mixed_periods_is_bounded() -> None:
         from kvplan.planner import validate
         from kvplan.schemas.canonical import to_data
         from kvplan.schemas.plan import Pool, View
-        from tests.executor import _plans as plans
+        from harness.executor import _plans as plans
         n = 6000
         views = [
             View(layer=f"l{i}", group=0, pool="p", kind="FullAttentionSpec", dtype="int8",

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from harness._stats import make_stats
+from harness.render._pictures import GEMMA
 from kvplan.elastic.files import ElasticStats
-from tests.elastic.test_files import make_stats
 from tests.hostile._harness import CODE_LINE, Outcome, assert_bounded, invoke, spawn
-from tests.render._pictures import GEMMA
 
 SEED = 20261201
 HOSTILE_TEXT = ["[/]", "[bold red]x[/]", "\x1b[31mred\x1b[0m", "\u202eevil", "<script>x</script>"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import kvplan
+from harness import _builders as b
 from kvplan.planner import build_plan
 from kvplan.schemas import KVPlanError
 from kvplan.schemas.loading import parse_input
-from tests import _builders as b
 
 
 def _plan(doc: dict) -> kvplan.BindingPlan:

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvplan
+from harness import _builders as b
 from kvplan.planner import build_plan
 from kvplan.schemas import KVPlanError
 from kvplan.schemas.loading import parse_input, parse_text
-from tests import _builders as b
 
 LAYOUTS = ["LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 

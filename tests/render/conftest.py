@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.render._browser import BrowserUnavailable, ensure_chromium
+from harness.render._browser import BrowserUnavailable, ensure_chromium
 
 
 @pytest.fixture(scope="session")

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from kvplan.render import diff_page, plan_page
-from kvplan.render._geometry import short
-from tests.render._browser import drawn_rows, dump_dom, measure, png_rows, screenshot
-from tests.render._pictures import (
+from harness.render._browser import drawn_rows, dump_dom, measure, png_rows, screenshot
+from harness.render._pictures import (
     gemma_blhnc_plan,
     gemma_plan,
     sharers_into_first_slot_plan,
     small_gemma_plan,
 )
+from kvplan.render import diff_page, plan_page
+from kvplan.render._geometry import short
 from tests.render.test_render import names_in
 
 
@@ -179,8 +179,8 @@ def test_the_zoom_has_a_byte_scale_and_block_axis(measured: dict[str, Any]) -> N
 def test_top_html_draws_the_mapped_chunks_where_they_are(chromium: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
+    from harness.render._elastic import CHUNK, RUNS, gemma_dump
     from kvplan.cli.app import app
-    from tests.render._elastic import CHUNK, RUNS, gemma_dump
 
     gemma_dump(tmp_path / "dumps" / "e1")
     out = tmp_path / "top.html"
@@ -212,7 +212,7 @@ def test_top_html_draws_the_mapped_chunks_where_they_are(chromium: str, tmp_path
 def test_a_layer_keeps_its_colour_across_a_diff(chromium: str, tmp_path: Path) -> None:
     """B numbers the same groups the other way round: each layer is drawn with the same
     pattern on both sides (and the legend names the A group)."""
-    from tests.render._pictures import gemma_regrouped_plan
+    from harness.render._pictures import gemma_regrouped_plan
 
     page = diff_page(gemma_plan(), gemma_regrouped_plan())
     assert "<b>g0</b> (A: g4)" in page
@@ -238,8 +238,8 @@ def test_top_html_draws_the_group_budget_by_member(chromium: str, tmp_path: Path
     llama's colour, gemma's 1 MiB grant, and gemma's 3 MiB claim; every label inside its bar."""
     from typer.testing import CliRunner
 
+    from harness.render._elastic import group_of_two
     from kvplan.cli.app import app
-    from tests.render._elastic import group_of_two
 
     with group_of_two(tmp_path) as (group, dumps):
         out = tmp_path / "top.html"

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from harness._stats import make_stats
+from harness.render._elastic import RUNS, gemma_dump
+from harness.render._pictures import GEMMA
 from kvplan.cli.app import app
 from kvplan.elastic.files import read_stats_tree
 from kvplan.render import EngineView, elastic_page
 from kvplan.render.elastic import plan_mismatch, windows
 from kvplan.schemas.loading import load_plan
-from tests.elastic.test_files import make_stats
-from tests.render._elastic import RUNS, gemma_dump
-from tests.render._pictures import GEMMA
 from tests.render.test_render import EXTERNAL
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
@@ -160,8 +160,8 @@ def test_top_html_leaves_the_previous_page_when_it_cannot_write(tmp_path: Path) 
 def test_the_group_is_drawn_above_its_engines(tmp_path: Path) -> None:
     """``top --html`` of a group of two: the group's budget by member (guarantees, grants with
     the borrowed part, claims) above the engines' sections, every figure in its table."""
+    from harness.render._elastic import GROUP_BUDGET, group_of_two
     from kvplan.elastic.group import read_snapshot
-    from tests.render._elastic import GROUP_BUDGET, group_of_two
 
     with group_of_two(tmp_path) as (group, dumps):
         snap = read_snapshot(group)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.render import _browser as browser
+from harness.render import _browser as browser
 
 
 def _fake(

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 import kvplan
+from harness import _builders as b
+from harness.render._pictures import ROOT, gemma_blhnc_plan, gemma_plan
 from kvplan.render import diff_page, drift_page, plan_page
 from kvplan.render._geometry import block_runs, extent, interleaved, is_padded, memory, zoom
 from kvplan.schemas.canonical import to_data
 from kvplan.schemas.loading import parse_input, parse_plan
 from kvplan.schemas.plan import BindingPlan
-from tests import _builders as b
-from tests.render._pictures import ROOT, gemma_blhnc_plan, gemma_plan
 
 EXTERNAL = re.compile(
     r"https?:|//|<script|@import|\bsrc\s*=|\bhref\s*=|url\(\s*(?!#)", re.IGNORECASE
@@ -230,7 +230,7 @@ def test_the_page_gives_the_block_size_in_tokens() -> None:
 
 
 def test_a_saving_above_the_pool_says_why() -> None:
-    from tests.render._pictures import small_gemma_plan
+    from harness.render._pictures import small_gemma_plan
 
     page = plan_page(small_gemma_plan())  # 768 MiB pool, sharing "saves" 5.00 GiB
     assert "5.00 GiB" in page and "768.00 MiB" in page
@@ -243,8 +243,8 @@ def test_a_saving_above_the_pool_says_why() -> None:
 
 
 def test_styles_follow_the_layers_across_plans() -> None:
+    from harness.render._pictures import gemma_regrouped_plan
     from kvplan.render._palette import palette
-    from tests.render._pictures import gemma_regrouped_plan
 
     a, regrouped = gemma_plan(), gemma_regrouped_plan()
     (alone,) = palette(a)

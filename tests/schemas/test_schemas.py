@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 
+from harness import _builders as b
 from kvplan.schemas import (
     FullAttentionSpec,
     KVPlanError,
@@ -15,7 +16,6 @@ from kvplan.schemas import (
 )
 from kvplan.schemas.canonical import to_json
 from kvplan.schemas.loading import parse_input, parse_text
-from tests import _builders as b
 
 
 def test_head_size_v_defaults_to_head_size_but_mla_defaults_to_zero() -> None:

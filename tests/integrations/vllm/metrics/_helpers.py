@@ -9,11 +9,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness._builders import llama
 from kvplan.elastic.files import STEP_SECONDS_BUCKETS, ElasticStats
 from kvplan.integrations.vllm.metrics import KVPlanCollector, Reader
 from kvplan.planner import build_plan
 from kvplan.schemas.loading import dump, parse_input
-from tests._builders import llama
 
 MAP_COUNTS = [0, 3, 5, 0, 1] + [0] * (len(STEP_SECONDS_BUCKETS) - 4)
 UNMAP_COUNTS = [2] + [0] * len(STEP_SECONDS_BUCKETS)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness import _builders as builders
 from kvplan.elastic.files import STEP_SECONDS_BUCKETS, read_stats, write_stats
 from kvplan.executor import apply
 from kvplan.integrations.vllm import elastic
 from kvplan.integrations.vllm.elastic import ElasticOps, ElasticSettings, WorkerSide
 from kvplan.integrations.vllm.metrics import EngineSource, Reader
-from tests import _builders as builders
 from tests.elastic.test_ledger import PAGE, plan_of
 from tests.integrations.vllm.metrics._helpers import only, scrape
 

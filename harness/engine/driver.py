@@ -298,7 +298,7 @@ def run_on_nodes(job: dict[str, Any], variant: dict[str, Any], first: bool) -> d
     node 1 (``_nodes.RemoteNode``) runs in a process tree of its own for this variant."""
     if int(job.get("nodes", 1)) == 1:
         return run_variant(job, variant, first)
-    import _nodes  # tests/engine/_nodes.py, a top-level module here
+    import _nodes  # harness/engine/_nodes.py, a top-level module here
 
     port = _nodes.free_port()
     variant = {**variant, "engine": {**variant.get("engine", {}), **_nodes.node0_options(port)}}

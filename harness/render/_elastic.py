@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness._stats import make_stats
+from harness.render._pictures import GEMMA
 from kvplan.elastic.files import ElasticStats, write_stats
 from kvplan.schemas.loading import load_plan
-from tests.elastic.test_files import make_stats
-from tests.render._pictures import GEMMA
 
 CHUNK = 2 << 20
 SLOT = 24 << 30

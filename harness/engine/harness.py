@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.engine import _leftovers
+from harness.engine import _leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "driver.py"
@@ -504,7 +504,7 @@ def _no_core_files() -> None:
 
 def _dump_and_kill(group: int, workdir: Path) -> str:
     """Abort (stacks printed) then kill the driver's session and its second node's; a note."""
-    from tests.engine import _nodes
+    from harness.engine import _nodes
 
     groups = [group]
     with contextlib.suppress(OSError, ValueError):
@@ -546,7 +546,7 @@ def _session_lingers(group: int, grace: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.engine.harness [RELEASE ...]``: build (or reuse) the engine venvs of
+    """``python -m harness.engine.harness [RELEASE ...]``: build (or reuse) the engine venvs of
     the given releases (default: all), one after the other, and print how long each took."""
     wanted = argv or list(RELEASES)
     total = time.perf_counter()

@@ -1,0 +1,1 @@
+"""Plans and fill patterns for the executor's tests and benchmarks."""
