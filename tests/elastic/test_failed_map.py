@@ -18,6 +18,7 @@ from kvplan.integrations.vllm import capture, elastic
 from kvplan.integrations.vllm.elastic import ElasticMode, ElasticSettings, MapFailed, SchedulerSide
 from kvplan.planner import build_plan
 from kvplan.schemas.errors import Code, KVPlanError, error
+from tests.elastic._calls import wrapped_call
 
 BLOCK = 16
 NUM_BLOCKS = 64
@@ -120,23 +121,12 @@ def _finish(
     )  # fmt: skip
     if failed is not None:
         result = elastic.with_report(result, elastic.MapFailureReport.of(failed, 0))
-    call = _Call(scheduler, output, result)
+    call = wrapped_call(scheduler, "update_from_output", output, result)
     mode = ElasticMode(ElasticSettings(), backend="host-vmm")
     outputs = mode.update_from_output(None, call)  # type: ignore[arg-type]
     return {
         o.request_id: list(o.new_token_ids) for batch in outputs.values() for o in batch.outputs
     }
-
-
-class _Call:
-    def __init__(self, scheduler: Any, output: Any, result: Any) -> None:
-        self.arguments = {
-            "self": scheduler, "scheduler_output": output, "model_runner_output": result
-        }  # fmt: skip
-
-    def run(self) -> Any:
-        a = self.arguments
-        return a["self"].update_from_output(a["scheduler_output"], a["model_runner_output"])
 
 
 def _failed(output: Any) -> MapFailed:

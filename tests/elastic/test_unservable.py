@@ -16,15 +16,8 @@ import pytest
 
 from kvplan.integrations.vllm.elastic import ElasticMode, ElasticSettings, SchedulerSide
 from kvplan.integrations.vllm.elastic import _unservable as unservable
-from tests.elastic.test_failed_map import _Call, _request, _scheduler
-
-
-class _ScheduleCall:
-    def __init__(self, scheduler: Any) -> None:
-        self.arguments = {"self": scheduler}
-
-    def run(self) -> Any:
-        return self.arguments["self"].schedule()
+from tests.elastic._calls import wrapped_call
+from tests.elastic.test_failed_map import _request, _scheduler
 
 
 def _step(scheduler: Any, side: SchedulerSide) -> dict[str, Any]:
@@ -33,13 +26,15 @@ def _step(scheduler: Any, side: SchedulerSide) -> dict[str, Any]:
     from vllm.v1.outputs import ModelRunnerOutput
 
     mode = ElasticMode(ElasticSettings(), backend="host-vmm")
-    output = mode.schedule(None, _ScheduleCall(scheduler))  # type: ignore[arg-type]
+    output = mode.schedule(None, wrapped_call(scheduler, "schedule"))  # type: ignore[arg-type]
     ids = list(output.num_scheduled_tokens)
     result = ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[[7] for _ in ids],
     )  # fmt: skip
-    outputs = mode.update_from_output(None, _Call(scheduler, output, result))  # type: ignore[arg-type]
+    outputs = mode.update_from_output(
+        None, wrapped_call(scheduler, "update_from_output", output, result)
+    )  # type: ignore[arg-type]
     return {o.request_id: o for batch in outputs.values() for o in batch.outputs}
 
 

@@ -58,9 +58,9 @@ def test_positions_stop_at_the_first_parameter_that_is_not_positional() -> None:
 def test_an_argument_passed_where_it_is_read_binds_nothing() -> None:
     call = call_of(execute_model, "w", scheduler_output="so")
     assert (call.argument("self"), call.argument("scheduler_output")) == ("w", "so")
-    assert "arguments" not in vars(call)  # the cached binding was never made
+    assert call._arguments is None  # the binding was never made
     assert call.argument("intermediate_tensors") is None  # a default: bound once
-    assert "arguments" in vars(call)
+    assert call._arguments is not None and call.arguments is call._arguments
 
 
 def test_a_call_without_positions_still_answers() -> None:
