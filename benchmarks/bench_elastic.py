@@ -40,7 +40,7 @@ def micro(steps: int) -> float:
     from harness import _builders as builders
     from kvplan.elastic.ledger import Ledger
     from kvplan.integrations.vllm import elastic
-    from kvplan.integrations.vllm.pipeline import Call
+    from kvplan.integrations.vllm.pipeline import Call, positions_of
     from kvplan.integrations.vllm.versions import adapter_for
     from kvplan.planner import build_plan
     from kvplan.schemas.input import InputDocument
@@ -81,18 +81,31 @@ def micro(steps: int) -> float:
 
     sched_sig, exec_sig = inspect.signature(schedule), inspect.signature(execute_model)
     update_sig = inspect.signature(update_from_output)
+    # the argument places kvplan's wrapper computes once per wrapped function
+    sched_at, exec_at = positions_of(sched_sig), positions_of(exec_sig)
+    update_at = positions_of(update_sig)
     scheduler, worker = Scheduler(), Worker()
     mode = elastic.ElasticMode(elastic.ElasticSettings(), backend="host-vmm")
     samples = []
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(steps):
-            output = mode.schedule(None, Call(schedule, sched_sig, sched_t, (scheduler,), {}))  # type: ignore[arg-type]
-            step = Call(execute_model, exec_sig, exec_t, (worker, output), {})
+            output = mode.schedule(
+                None, Call(schedule, sched_sig, sched_t, (scheduler,), {}, sched_at)
+            )  # type: ignore[arg-type]
+            step = Call(execute_model, exec_sig, exec_t, (worker, output), {}, exec_at)
             mode.before_step(None, step)  # type: ignore[arg-type]
             mode.after_step(None, step, step.run())  # type: ignore[arg-type]
             mode.update_from_output(
-                None, Call(update_from_output, update_sig, update_t, (scheduler, output, None), {})
+                None,
+                Call(
+                    update_from_output,
+                    update_sig,
+                    update_t,
+                    (scheduler, output, None),
+                    {},
+                    update_at,
+                ),
             )  # type: ignore[arg-type]
         samples.append((time.perf_counter() - t0) / steps * 1e6)
     return statistics.median(samples)

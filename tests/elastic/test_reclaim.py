@@ -248,6 +248,39 @@ def test_the_busy_loop_is_woken_through_its_input_queue() -> None:
         caches[0].close()
 
 
+def test_a_stepping_engines_watcher_sleeps_until_no_request_is_unfinished() -> None:
+    """While requests are unfinished the engine steps, and each step looks at the group and
+    the limit: the watcher does not wake (it took the GIL and a core from the forward every
+    50 ms); once a step leaves none unfinished it looks within ``WATCH_SECONDS``."""
+    _pool, side, core, scheduler, caches = _engine(limit=32 * BLOCK, reserve=4 * BLOCK)
+    try:
+        scheduler.unfinished = 2
+        side.before_schedule(scheduler)  # a step schedules with requests unfinished
+        assert not side.quiet.is_set()
+        inbox: queue.Queue[Any] = queue.Queue()
+        core.input_queue = inbox  # type: ignore[attr-defined]
+        watcher = reclaim.Watcher(core, scheduler, side)
+        looks = []
+        due = watcher.due
+        watcher.due = lambda: looks.append(1) or due()  # type: ignore[method-assign]
+        watcher.start()
+        try:
+            time.sleep(6 * reclaim.WATCH_SECONDS)  # six looks, were it idle
+            assert looks == [] and inbox.empty()  # the reserve is short, and nobody looked
+            scheduler.unfinished = 0
+            side.quiet.set()  # what the last step's ``update_from_output`` does
+            kind, _ = inbox.get(timeout=5)
+            assert kind == reclaim.WAKE and looks
+            side.quiet.clear()  # busy again: stop() still ends it at once
+            started = time.monotonic()
+        finally:
+            watcher.stop()
+        assert time.monotonic() - started < reclaim.BUSY_WATCH_SECONDS
+        assert not watcher._thread.is_alive()
+    finally:
+        caches[0].close()
+
+
 @settings(max_examples=60, deadline=None)
 # found by CI: nine blocks given out and freed with no step between, then a reclaim: block 9
 # was in the operations' maps *and* unmaps (the workers unmap first, so it stayed mapped

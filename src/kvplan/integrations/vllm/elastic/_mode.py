@@ -309,10 +309,14 @@ class ElasticMode:
             if side.unservable_ids:
                 ids, side.unservable_ids = side.unservable_ids, []
                 result = unservable.finish(scheduler, side, ids, result)
+            unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
+            if unfinished is None or not unfinished():
+                side.quiet.set()  # the watcher looks again (``_reclaim``)
             seq = getattr(output, SEQ_ATTR, None)
-            if seq is not None:
+            if seq is not None:  # idle matters to a group member only (``confirm``)
                 has_requests = getattr(scheduler, "has_requests", None)
-                side.confirm(seq, idle=callable(has_requests) and not has_requests())
+                idle = side.group is not None and callable(has_requests) and not has_requests()
+                side.confirm(seq, idle=idle)
             return result
 
     def client_request(self, runtime: Runtime, call: Call) -> Any:

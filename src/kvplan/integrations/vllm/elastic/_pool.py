@@ -19,7 +19,10 @@ class _ElasticPool:
 
     def get_num_free_blocks(self) -> int:
         vanilla: int = super().get_num_free_blocks()  # type: ignore[misc]
-        return self._kvplan.free_count(vanilla)
+        side = self._kvplan
+        if side.plain_count or not side.tight():  # vLLM asks several times a step
+            return vanilla
+        return side.free_count(vanilla)
 
     def get_new_blocks(self, num_blocks: int) -> list[Any]:
         side = self._kvplan

@@ -5,8 +5,11 @@ vLLM steps an engine only while it has requests. An idle engine therefore never 
 back: a borrower idling for an hour kept what it borrowed, and a claim of another member
 waited for it (``docs/elastic.md``, "Reclaim without a step").
 
-:class:`Watcher` is a thread of the engine-core process. Every :data:`WATCH_SECONDS` it looks,
-without any lock, at what could make the idle engine owe memory: the group's ledger changed
+:class:`Watcher` is a thread of the engine-core process. While no request is unfinished
+(``SchedulerSide.quiet``, which the steps keep) it looks every :data:`WATCH_SECONDS`; while the
+engine steps it sleeps until a step's output leaves no request unfinished (each step looks
+itself; a thread waking every 50 ms took the GIL and a core from a stepping engine). It looks
+without any lock at what could make the idle engine owe memory: the group's ledger changed
 since the member last read it (another member claims, the budget moved), ``limit.json``
 changed, or the engine maps more than its effective limit. When one did and no request is
 unfinished, it has :func:`reclaim_idle` run, which gives back exactly as a step would (the
@@ -48,7 +51,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.kvplan")
 
 WATCH_SECONDS = 0.05
-"""How often the watcher looks (two ``lstat`` calls when nothing changed)."""
+"""How often the watcher looks while no request is unfinished (two ``lstat`` calls when
+nothing changed)."""
+BUSY_WATCH_SECONDS = 1.0
+"""How often it looks while requests are unfinished and no step told it that none is (the
+engine steps then, and each step looks itself): a safety net, not the way it wakes."""
 WAKE = "kvplan-elastic-reclaim"
 """The request type the watcher puts on ``EngineCoreProc.input_queue``."""
 
@@ -125,6 +132,7 @@ class Watcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self.side.quiet.set()  # wakes a watcher waiting for the engine to go quiet
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=2)
 
@@ -142,7 +150,12 @@ class Watcher:
         return side.limit_file_changed()
 
     def _run(self) -> None:
-        while not self._stop.wait(WATCH_SECONDS):
+        quiet = self.side.quiet
+        while True:
+            if not quiet.is_set():  # requests are unfinished: the engine's steps look
+                quiet.wait(BUSY_WATCH_SECONDS)
+            if self._stop.wait(WATCH_SECONDS):
+                return
             try:
                 if self.woken.is_set() or not self.due():
                     continue

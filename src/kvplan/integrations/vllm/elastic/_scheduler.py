@@ -65,6 +65,12 @@ class SchedulerSide:
         """The most a busy engine's reserve may grow to (``KVPLAN_BUSY_RESERVE``)."""
         self.busy = False
         """The scheduler had unfinished requests when it last scheduled."""
+        self.quiet = threading.Event()
+        """Set while no request is unfinished (cleared when a step schedules with requests
+        unfinished, set when a step's output leaves none): the watcher (``_reclaim``) looks
+        only then -- a stepping engine looks at its group and its limit at every step, and
+        a thread that woke every 50 ms in a busy engine took the GIL and a core from it."""
+        self.quiet.set()
         self.taken: deque[int] = deque(maxlen=DEMAND_STEPS)
         """Blocks vLLM's pool handed out in each of the last steps (see :meth:`reserve_target`)."""
         self._taking = 0
@@ -508,7 +514,9 @@ class SchedulerSide:
         unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
         if unfinished is not None:
             self.busy = bool(unfinished())
-        if self.reserve_bytes > self.reserve_target():
+            if self.busy:
+                self.quiet.clear()
+        if self.reserve_bytes and self.reserve_bytes > self.reserve_target():
             self.dirty = True  # an engine gone idle keeps only KVPLAN_RESERVE
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
