@@ -2,7 +2,7 @@
 """Elastic serving benchmark: decode throughput vs eager, and kvplan's cost per step.
 
     python benchmarks/bench_elastic.py [--rounds 3] [--tokens 64] [--steps 20000] [--micro-only]
-        [--twin]
+        [--twin] [--step-timers]
 
 1. **Per-step cost when nothing new is mapped** (in this process, the suite's vLLM): the three
    elastic handlers a step runs — ``Scheduler.schedule``'s (give back, attach operations),
@@ -15,7 +15,10 @@
    of 80 prompt tokens decoding ``--tokens`` tokens each, host-vmm eager vs host-vmm elastic;
    the ratio of medians, measured in the same run. Target: elastic ≥ 0.98× eager (#33).
    ``--twin`` adds ``eager-twin`` (host-vmm eager again, its own engines): the A/A control,
-   whose ratio is what the measure gives when nothing differs.
+   whose ratio is what the measure gives when nothing differs. ``--step-timers`` says where
+   each arm's time went: vLLM's step functions timed in the engines as vLLM calls them
+   (``harness.engine.driver.STEP_TIMERS``; the timers cost every arm alike, so take the ratio
+   from a run without them).
 """
 
 from __future__ import annotations
@@ -228,7 +231,12 @@ def _per_call(fn: Any, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def engines(rounds: int, tokens: int, twin: bool = False) -> dict[str, float]:
+def engines(
+    rounds: int, tokens: int, twin: bool = False, timers: dict[str, dict[str, float]] | None = None
+) -> dict[str, float]:
+    """Median generate seconds per arm (and kvplan's map + unmap in the worker); ``timers``:
+    filled with each arm's median milliseconds per run in each of the step's functions
+    (``harness.engine.driver.STEP_TIMERS``), the engines' timers on."""
     from harness.engine import cases, harness
     from harness.engine._models import write_model
 
@@ -249,20 +257,48 @@ def engines(rounds: int, tokens: int, twin: bool = False) -> dict[str, float]:
         run = harness.run_engines(
             python, write_model("llama", work / "model"), variants, work, prompts=prompts,
             batches=[[0, 1, 2, 3]], engine=cases.ENGINE_ARGS, max_tokens=tokens, timeout=3600,
+            step_timers=timers is not None,
         )  # fmt: skip
     times: dict[str, list[float]] = {arm: [] for arm in names}
+    steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
     mapping: list[float] = []
     for name, result in run.variants.items():
         if name == "warm-up":
             continue
         assert result["tokens"] == run.variants["warm-up"]["tokens"], name
-        times[name.split(":", 1)[1]].append(result["generate_s"])
+        arm = name.split(":", 1)[1]
+        times[arm].append(result["generate_s"])
+        for key, figures in result.get("step_timers", {}).items():
+            steps[arm].setdefault(key, []).append(figures["seconds"] * 1e3)
         stats = result["stats_files"].get("rank0.stats.json")
         if stats:  # elastic: kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
     medians = {arm: statistics.median(t) for arm, t in times.items()}
     medians["elastic map+unmap"] = statistics.median(mapping)
+    if timers is not None:
+        for arm, keys in steps.items():
+            timers[arm] = {key: statistics.median(ms) for key, ms in keys.items()}
     return medians
+
+
+def step_table(timers: dict[str, dict[str, float]], generate: dict[str, float]) -> list[str]:
+    """Where a run's time goes, per arm (ms per run, medians): vLLM's scheduler calls with
+    kvplan's handlers, the worker's step and sampling less the model runner's (what wraps
+    the runner: kvplan's hooks, its maps), the forward and sampling themselves."""
+    lines = [
+        "| arm | generate | schedule | update_from_output | worker step less forward "
+        "| forward | worker sampling less runner's | runner sampling |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm, t in timers.items():
+        step = t["worker.execute_model"] - t["runner.execute_model"]
+        sampling = t["worker.sample_tokens"] - t["runner.sample_tokens"]
+        cells = (
+            generate[arm] * 1e3, t["schedule"], t["update_from_output"], step,
+            t["runner.execute_model"], sampling, t["runner.sample_tokens"],
+        )  # fmt: skip
+        lines.append(f"| {arm} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return lines
 
 
 def trim_cost(num_blocks: int, rounds: int = 200) -> dict[str, float]:
@@ -303,6 +339,12 @@ def main() -> int:
     parser.add_argument(
         "--twin", action="store_true", help="add eager-twin, eager again: the A/A control"
     )
+    parser.add_argument(
+        "--step-timers",
+        action="store_true",
+        help="time the step's functions in the engines (where the time goes; the timers add "
+        "their own cost to every arm, so take the ratio from a run without them)",
+    )
     args = parser.parse_args()
     us = micro(args.steps)
     print(f"per-step cost, nothing new mapped: {us:.2f} µs (the three elastic handlers)")
@@ -323,7 +365,8 @@ def main() -> int:
         )
     if args.micro_only:
         return 0
-    medians = engines(args.rounds, args.tokens, args.twin)
+    timers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
+    medians = engines(args.rounds, args.tokens, args.twin, timers)
     toks = 4 * args.tokens
     print(f"decode, 4 requests x {args.tokens} tokens, {args.rounds} rounds (medians, same run)")
     print("| arm | generate s | tokens/s | × eager throughput |")
@@ -335,6 +378,9 @@ def main() -> int:
     print(
         f"elastic: kvplan's map + unmap time in the worker {mapping * 1e3:.1f} ms per run (median)"
     )
+    if timers is not None:
+        print(f"where a run's time goes, ms per run ({args.tokens} steps; medians, timers on):")
+        print("\n".join(step_table(timers, medians)))
     return 0
 
 

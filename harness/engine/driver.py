@@ -32,6 +32,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,52 @@ def count_preemptions() -> None:
         return preempt(self, *args, **kwargs)
 
     Scheduler._preempt_request = counted  # type: ignore[method-assign]
+
+
+STEP_TIMERS = (
+    ("schedule", "vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
+    ("update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
+    ("worker.execute_model", "vllm.v1.worker.gpu_worker", "Worker", "execute_model"),
+    ("runner.execute_model", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "execute_model"),
+    ("worker.sample_tokens", "vllm.v1.worker.gpu_worker", "Worker", "sample_tokens"),
+    ("runner.sample_tokens", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "sample_tokens"),
+)
+"""``"step_timers": true`` in the job: where a step's time goes, per variant. Each function is
+timed as vLLM calls it, after kvplan's plugin wrapped it (so a ``Scheduler`` or ``Worker``
+timer holds kvplan's handler too; the model runner's are vLLM's alone): installed for the
+variant's ``generate`` only, on top of whatever sits there."""
+
+
+@contextmanager
+def step_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
+    """Time :data:`STEP_TIMERS` (seconds and calls, into ``into``) while the block runs."""
+    import importlib
+
+    patched = []
+    for key, module, cls_name, name in STEP_TIMERS:
+        cls = getattr(importlib.import_module(module), cls_name)
+        own = cls.__dict__.get(name)  # None: inherited (put back by removing the timer)
+        inner = own or getattr(cls, name)
+        figures = into.setdefault(key, {"seconds": 0.0, "calls": 0})
+
+        def timed(*args: Any, _inner: Any = inner, _f: Any = figures, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                _f["seconds"] += time.perf_counter() - started
+                _f["calls"] += 1
+
+        setattr(cls, name, timed)
+        patched.append((cls, name, own))
+    try:
+        yield
+    finally:
+        for cls, name, own in reversed(patched):
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
 
 
 def idle_step(llm: Any) -> None:
@@ -357,12 +405,15 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     started = time.perf_counter()
     preempted = (metric(llm, "vllm:num_preemptions") or 0) if multiprocess else _PREEMPTIONS[0]
     rounds = []
+    timers: dict[str, dict[str, float]] = {}
+    timed = bool(job.get("step_timers")) and not multiprocess
     for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
         batch = [prompts[i] for i in group]
         if multiprocess:
             outputs = generate_pinned(llm, batch, params)
         else:
-            outputs = llm.generate(batch, params, use_tqdm=False)
+            with step_timers(timers) if timed else nullcontext():
+                outputs = llm.generate(batch, params, use_tqdm=False)
         for i, out in zip(group, outputs, strict=True):
             tokens.append((i, list(out.outputs[0].token_ids)))
             cached.append((i, int(out.num_cached_tokens or 0)))
@@ -392,6 +443,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         if multiprocess
         else _PREEMPTIONS[0] - preempted,
         "stats_files": stats_files,
+        "step_timers": timers,
         "multiprocessing": multiprocess,
         "driver_pid": os.getpid(),
     }

@@ -413,6 +413,7 @@ def run_engines(
     multiprocessing: bool = False,
     extra_env: dict[str, str] | None = None,
     nodes: int = 1,
+    step_timers: bool = False,
 ) -> EngineRun:
     """Run every variant's engine in one driver process (in order); raise with the log tail.
 
@@ -420,7 +421,8 @@ def run_engines(
     engine core and the workers run in processes vLLM spawns; the model then needs real
     weights, see ``_weights``); ``extra_env``: more variables for the driver process (e.g.
     ``VLLM_CPU_OMP_THREADS_BIND``); ``nodes=2``: each engine on two nodes of vLLM's
-    multiprocess executor, node 1 started by the driver (``_nodes``); ``timeout``: seconds
+    multiprocess executor, node 1 started by the driver (``_nodes``); ``step_timers``: each
+    variant's result says where its steps' time went (``driver.STEP_TIMERS``); ``timeout``: seconds
     before the driver's processes print their stacks and are killed (under a test's own
     deadline, ``tests/_deadline.py``, so the driver's bound is the one that speaks)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -435,6 +437,7 @@ def run_engines(
         "variants": [v.to_json() for v in variants],
         "multiprocessing": multiprocessing,
         "nodes": nodes,
+        "step_timers": step_timers,
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job, indent=1))

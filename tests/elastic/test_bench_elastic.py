@@ -25,3 +25,33 @@ def test_the_admission_and_trim_measures_run() -> None:
     assert admission and all(v >= 0 for v in admission.values())
     trim = bench.trim_cost(512, rounds=2)
     assert trim and all(v > 0 for v in trim.values())
+
+
+def test_the_step_table_sets_kvplans_wrappers_apart_from_vllms_own_work() -> None:
+    timers = {
+        "eager": {
+            "schedule": 13.0, "update_from_output": 8.0, "worker.execute_model": 305.0,
+            "runner.execute_model": 301.0, "worker.sample_tokens": 19.0,
+            "runner.sample_tokens": 17.0,
+        },
+    }  # fmt: skip
+    header, rule, row = load().step_table(timers, {"eager": 0.36})
+    assert header.count("|") == rule.count("|") == row.count("|") == 9
+    assert row == "| eager | 360.0 | 13.0 | 8.0 | 4.0 | 301.0 | 2.0 | 17.0 |"
+
+
+def test_the_engines_step_timers_wrap_vllms_functions_and_put_them_back() -> None:
+    import importlib
+
+    from harness.engine import driver
+
+    sites = [
+        (getattr(importlib.import_module(module), cls), name)
+        for _key, module, cls, name in driver.STEP_TIMERS
+    ]
+    before = [vars(cls).get(name) for cls, name in sites]
+    figures: dict[str, dict[str, float]] = {}
+    with driver.step_timers(figures):
+        assert all(vars(cls)[name] is not b for (cls, name), b in zip(sites, before, strict=True))
+    assert [vars(cls).get(name) for cls, name in sites] == before
+    assert set(figures) == {key for key, *_ in driver.STEP_TIMERS}
