@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import driver  # the engine tests' weight re-draw and preemption counter
+import driver  # the engine tests' weight re-draw, preemption counter and error chain
 
 REPLAY_KV_BYTES = 16 << 20
 """The KV size a replay engine is told (its block count is the served engine's)."""
@@ -451,20 +451,11 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
 
 def refused(job: dict[str, Any], started: float) -> dict[str, Any]:
     """Start an engine that should refuse to start; every diagnostic of the error chain."""
-    from kvplan.schemas.errors import KVPlanError
-
     result: dict[str, Any] = {"name": job["name"], "started": started, "refused": False}
     try:
         llm, _ = build(job)
     except Exception as exc:  # the refusal under test
-        texts, seen = [], exc
-        while seen is not None:
-            if isinstance(seen, KVPlanError):
-                texts.extend(d.render() for d in seen.diagnostics)
-            else:
-                texts.append(f"{type(seen).__name__}: {seen}")
-            seen = seen.__cause__ or seen.__context__
-        result.update(refused=True, error="\n".join(texts))
+        result.update(refused=True, error=driver.error_chain(exc))
     else:
         llm.llm_engine.engine_core.shutdown()
     result["ended"] = time.time()

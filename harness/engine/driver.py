@@ -457,7 +457,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     return result
 
 
-def _error_chain(exc: BaseException) -> str:
+def error_chain(exc: BaseException) -> str:
     """Every diagnostic (or message) of ``exc`` and its causes, one per line."""
     from kvplan.schemas.errors import KVPlanError
 
@@ -489,7 +489,7 @@ def _rebound(variant: dict[str, Any], llm: Any, job: dict[str, Any]) -> dict[str
         llm.generate([TokensPrompt(prompt_token_ids=list(job["prompts"][0]))], params,
                      use_tqdm=False)  # fmt: skip
     except Exception as exc:  # the refusal under test
-        result.update(step_refused=True, error=_error_chain(exc))
+        result.update(step_refused=True, error=error_chain(exc))
     result.update(active=plugin.is_active(), stats=plugin.stats())
     del llm
     gc.collect()
@@ -504,7 +504,7 @@ def _refusal(variant: dict[str, Any], start: Any) -> dict[str, Any]:
     try:
         llm = start()
     except Exception as exc:  # the refusal under test
-        result.update(refused=True, error=_error_chain(exc))
+        result.update(refused=True, error=error_chain(exc))
     else:
         del llm
     result.update(active=plugin.is_active(), stats=plugin.stats())
