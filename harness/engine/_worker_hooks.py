@@ -28,10 +28,14 @@ imports the names above without importing vLLM.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 HOOKS_ENV = "ENGINE_TEST_HOOKS"
 WORKER_CLS = "_worker_hooks.HookedWorker"
+FOLDER = str(Path(__file__).resolve().parent)
+"""What a server's workers need on ``PYTHONPATH`` to import this module (and ``driver``): a
+process the driver did not start does not inherit its ``sys.path``."""
 
 
 def install(hooks: str) -> list[str]:

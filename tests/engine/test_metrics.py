@@ -44,14 +44,13 @@ from harness.engine._server import (
     run_client,
     start_server,
 )
+from harness.engine._worker_hooks import FOLDER as HOOKS_FOLDER
 from harness.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
 from harness.engine.harness import kvplan_env
 from kvplan.elastic.files import ElasticStats, read_stats
 from kvplan.elastic.group import read_snapshot
 from kvplan.integrations.vllm.metrics import METRICS, RANK_LABELS, STATUSES
 from kvplan.schemas.loading import load_plan
-
-HERE = Path(__file__).resolve().parent
 
 FIRST_LIMIT, NEW_LIMIT, NEW_LIMIT_BYTES = 24 << 20, "12MiB", 12 << 20
 OPTIONS = SERVER_OPTIONS
@@ -218,7 +217,7 @@ def _elastic(engine_python: Path, model: Path, work: Path) -> tuple[Any, ...]:
     extra = {
         "PROMETHEUS_MULTIPROC_DIR": str(prom),
         HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}",
-        "PYTHONPATH": str(HERE),
+        "PYTHONPATH": HOOKS_FOLDER,
     }
     options = {**OPTIONS, "worker_cls": WORKER_CLS}
     server = start_server("elastic", engine_python, model, work, options, env, extra)

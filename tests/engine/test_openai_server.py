@@ -56,11 +56,11 @@ from harness.engine._server import (
     run_client,
     start_server,
 )
+from harness.engine._worker_hooks import FOLDER as HOOKS_FOLDER
 from harness.engine._worker_hooks import HOOKS_ENV, WORKER_CLS
 from harness.engine.harness import kvplan_env
 from kvplan.elastic.files import ElasticStats, read_stats
 
-HERE = Path(__file__).resolve().parent
 NEW_LIMIT = "12MiB"
 NEW_LIMIT_BYTES = 12 << 20
 OPTIONS = SERVER_OPTIONS
@@ -157,7 +157,7 @@ def served(
     model = llama_checkpoint
     # every elastic step waits 8 ms first: the long request lasts at least 7 s on any machine,
     # so the limit (applied within ~2 s of the command) lands while it runs
-    slow = {HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}", "PYTHONPATH": str(HERE)}
+    slow = {HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}", "PYTHONPATH": HOOKS_FOLDER}
     vanilla = _serve(engine_python, model, work, "vanilla", {})
     elastic = _serve(
         engine_python, model, work, "elastic", elastic_env, limit=True,
@@ -260,7 +260,7 @@ def test_a_broken_binding_fails_the_comparison(
         "host-vmm", "elastic", work / "dump", KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED),
         KVPLAN_STRICT="0",
     )  # fmt: skip
-    hooks = {HOOKS_ENV: "break=swap", "PYTHONPATH": str(HERE)}
+    hooks = {HOOKS_ENV: "break=swap", "PYTHONPATH": HOOKS_FOLDER}
     broken = _serve(
         engine_python, llama_checkpoint, work, "broken", env,
         options={"worker_cls": WORKER_CLS}, extra_env=hooks,
