@@ -66,10 +66,8 @@ class SchedulerSide:
         self.busy = False
         """The scheduler had unfinished requests when it last scheduled."""
         self.quiet = threading.Event()
-        """Set while no request is unfinished (cleared when a step schedules with requests
-        unfinished, set when a step's output leaves none): the watcher (``_reclaim``) looks
-        only then -- a stepping engine looks at its group and its limit at every step, and
-        a thread that woke every 50 ms in a busy engine took the GIL and a core from it."""
+        """Set while no request is unfinished (kept by the steps): the watcher looks only then
+        (``_reclaim``; a stepping engine looks at its group and its limit at every step)."""
         self.quiet.set()
         self.taken: deque[int] = deque(maxlen=DEMAND_STEPS)
         """Blocks vLLM's pool handed out in each of the last steps (see :meth:`reserve_target`)."""
