@@ -413,6 +413,63 @@ def test_a_failed_map_rides_on_the_steps_output_to_the_scheduler(executor: str) 
         assert "out of memory" in failed.error.diagnostics[0].message
 
 
+class _Worker:
+    """A vLLM ``Worker``'s shape for the mode's step handlers: a runner, a step, a sampler."""
+
+    def __init__(self) -> None:
+        self.model_runner = object()
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        return None  # the V1 runner: the output comes from sample_tokens
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        return _Output()
+
+
+@pytest.mark.parametrize("carrier", ["sample_tokens", "execute_model"])
+def test_a_workers_failed_map_report_rides_on_one_output_then_none(carrier: str) -> None:
+    """``before_step`` holds a failed map's report; the next output carries it, once (from
+    ``sample_tokens``, or from ``execute_model`` where that returns the output); the mode
+    counts the reports it holds, and with none held the outputs pass as they are."""
+    from kvplan.integrations.vllm.elastic import _worker as worker_state
+    from kvplan.integrations.vllm.elastic._mode import ElasticMode
+    from tests.elastic._calls import wrapped_call
+
+    pool, side, _ = _side()
+    pool.get_new_blocks(2)
+    ops = side.ops()
+    assert ops is not None
+    settings = ElasticSettings(fail_map=1)  # the step's first map fails (rolled back)
+    worker, vllm_worker = _worker(settings), _Worker()
+    mode = ElasticMode(settings, backend="host-vmm")
+    worker_state.attach_worker(vllm_worker.model_runner, worker)
+    with worker.cache:
+
+        def step(ops: ElasticOps) -> None:
+            scheduled = type("SchedulerOutput", (), {elastic.OPS_ATTR: ops})()
+            mode.before_step(None, wrapped_call(vllm_worker, "execute_model", scheduled))  # type: ignore[arg-type]
+
+        def carried() -> Any:
+            if carrier == "sample_tokens":
+                return mode.sample_tokens(None, wrapped_call(vllm_worker, "sample_tokens", None))  # type: ignore[arg-type]
+            call = wrapped_call(vllm_worker, "execute_model", type("Idle", (), {})())
+            return mode.after_step(None, call, _Output())  # type: ignore[arg-type]
+
+        step(ops)  # map #1 fails
+        assert mode.reports == 1 and worker.pending_report is not None
+        step(_ops(worker, seq=2, map=(5,)))  # the next step maps: the uncarried report goes
+        assert mode.reports == 0 and elastic.report_of(carried()) is None
+        worker.settings = ElasticSettings(fail_map=3)
+        failing = _ops(worker, seq=3, map=(6, 7))
+        step(failing)  # map #3 fails
+        assert mode.reports == 1
+        report = elastic.report_of(carried())
+        assert report is not None and (report.seq, report.blocks) == (3, (6, 7))
+        assert mode.reports == 0 and worker.pending_report is None
+        assert elastic.report_of(carried()) is None  # carried once
+    worker_state.detach_cache(worker.cache)
+
+
 def test_free_ids_follow_vllms_queue_lazily() -> None:
     pool, side, _ = _side(blocks=8)
     got = pool.get_new_blocks(5)

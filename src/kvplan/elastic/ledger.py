@@ -165,20 +165,22 @@ class Ledger:
     def back(self, blocks: Iterable[int]) -> list[int]:
         """Mark ``blocks`` backed; the ones that were not (their chunks are now counted)."""
         new = []
+        backed, refs, users, listener = self.backed, self.refs, self.users, self._listener
         for b in blocks:
-            if b in self.backed:
+            if b in backed:
                 continue
-            self.backed.add(b)
+            backed.add(b)
             new.append(b)
             for c in self.chunks(b):
-                n = self.refs.get(c, 0)
+                n = refs.get(c, 0)
                 if n == 0:
                     self.mapped_bytes += self.chunk_size(c)
-                    self.users[c] = set()
-                    if self._listener is not None:
-                        self._listener.chunk_mapped(c)
-                self.refs[c] = n + 1
-                self.users[c].add(b)
+                    users[c] = {b}
+                    if listener is not None:
+                        listener.chunk_mapped(c)
+                else:
+                    users[c].add(b)
+                refs[c] = n + 1
         if self.mapped_bytes > self.peak_mapped_bytes:
             self.peak_mapped_bytes = self.mapped_bytes
         return new

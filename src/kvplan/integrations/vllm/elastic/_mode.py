@@ -71,6 +71,9 @@ class ElasticMode:
         """Engine core: the ``EngineCore`` being built (its executor reaches the workers)."""
         self.watchers: list[reclaim.Watcher] = []
         """Engine core: the threads that give memory back while vLLM does not step."""
+        self.reports = 0
+        """Worker: how many of its sides hold a failed map's report for the next output (none:
+        the step's output handlers have nothing to carry, see :meth:`_hold_report`)."""
 
     @classmethod
     def from_environment(
@@ -309,11 +312,13 @@ class ElasticMode:
             if side.unservable_ids:
                 ids, side.unservable_ids = side.unservable_ids, []
                 result = unservable.finish(scheduler, side, ids, result)
-            unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
-            if unfinished is None or not unfinished():
-                side.quiet.set()  # the watcher looks again (``_reclaim``)
+            if not side.quiet.is_set():
+                unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
+                if unfinished is None or not unfinished():
+                    side.quiet.set()  # the watcher looks again (``_reclaim``)
             seq = getattr(output, SEQ_ATTR, None)
-            if seq is not None:  # idle matters to a group member only (``confirm``)
+            if seq is not None and (side.group is not None or side.unconfirmed):
+                # idle matters to a group member only (``confirm``)
                 has_requests = getattr(scheduler, "has_requests", None)
                 idle = side.group is not None and callable(has_requests) and not has_requests()
                 side.confirm(seq, idle=idle)
@@ -364,7 +369,7 @@ class ElasticMode:
             raise runtime.refuse(KVPlanError(refusals.elastic_unsupported(why)))
         # a report no output carried (a pipeline stage whose output never reaches the
         # scheduler) is dropped: the output rank carried the same one
-        side.pending_report = None
+        self._hold_report(side, None)
         failed: MapFailed | None = None
         try:
             side.apply(ops)
@@ -375,27 +380,37 @@ class ElasticMode:
         if failed is None:
             return
         try:
-            side.pending_report = recovery.report_failure(side, failed)
+            self._hold_report(side, recovery.report_failure(side, failed))
         except KVPlanError as exc:
             raise runtime.refuse(exc) from failed.error
 
     def after_step(self, runtime: Runtime, call: Call, result: Any) -> Any:
         """``Worker.execute_model`` returned: when it returned the step's output, that output
         carries a pending failed-map report to the scheduler (else ``sample_tokens`` does)."""
-        if result is None:
+        if result is None or not self.reports:
             return result
         return self._carry_report(call.argument("self"), result)
 
     def sample_tokens(self, runtime: Runtime, call: Call) -> Any:
         """``Worker.sample_tokens``: the step's output (V1 runner: ``execute_model`` returned
         ``None``) carries a pending failed-map report to the scheduler."""
-        return self._carry_report(call.argument("self"), call.run())
+        output = call.run()
+        if not self.reports:  # every step asks: one read when there is nothing to carry
+            return output
+        return self._carry_report(call.argument("self"), output)
+
+    def _hold_report(self, side: worker_state.WorkerSide, report: Any) -> None:
+        """``side``'s report for the next output is ``report`` (``None``: none), counted in
+        :attr:`reports`."""
+        self.reports += (report is not None) - (side.pending_report is not None)
+        side.pending_report = report
 
     def _carry_report(self, worker: Any, output: Any) -> Any:
         side = worker_state.worker_of(getattr(worker, "model_runner", None))
         if side is None or side.pending_report is None or output is None:
             return output
-        report, side.pending_report = side.pending_report, None
+        report = side.pending_report
+        self._hold_report(side, None)
         return recovery.with_report(output, report)
 
 

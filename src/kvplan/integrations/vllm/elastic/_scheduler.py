@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic._ops import ElasticOps, geometry_digest
+from kvplan.integrations.vllm.elastic._requests import demand_blocks, preempt_over_limit
 from kvplan.integrations.vllm.elastic._settings import (
     ElasticSettings,
     busy_reserve,
@@ -232,8 +233,9 @@ class SchedulerSide:
         a request arrives; everything above what is mapped goes back now, whatever the
         hysteresis says — else a grant that grew in the last second would stay borrowed for
         as long as the engine idles."""
-        for done in [s for s in self.unconfirmed if s <= seq]:
-            del self.unconfirmed[done]
+        if self.unconfirmed:
+            for done in [s for s in self.unconfirmed if s <= seq]:
+                del self.unconfirmed[done]
         group = self.group
         if group is None or self.group_failed:
             return
@@ -250,7 +252,10 @@ class SchedulerSide:
             self.refused = 0  # the grant changed: a refused ask may be made again at once
 
     def tight(self) -> bool:
-        """Whether the limit can bind at all (below the whole reservation)."""
+        """Whether the limit can bind at all (below the whole reservation): vLLM asks
+        several times a step, so the common case -- no group, no failed map -- is one read."""
+        if self.group is None and self.ceiling is None:
+            return self.limit < self.ledger.reserved_bytes
         return self.effective_limit() < self.ledger.reserved_bytes
 
     def headroom(self) -> int:
@@ -512,9 +517,11 @@ class SchedulerSide:
         unfinished = getattr(scheduler, "get_num_unfinished_requests", None)
         if unfinished is not None:
             self.busy = bool(unfinished())
-            if self.busy:
+            if self.busy and self.quiet.is_set():  # (clear() takes the event's lock)
                 self.quiet.clear()
-        if self.reserve_bytes and self.reserve_bytes > self.reserve_target():
+        # the target is at least KVPLAN_RESERVE unless an idle member's reserve yields
+        over = self.reserve_bytes > (self.reserve if self.group is None else 0)
+        if over and self.reserve_bytes > self.reserve_target():
             self.dirty = True  # an engine gone idle keeps only KVPLAN_RESERVE
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
@@ -642,59 +649,3 @@ class SchedulerSide:
             self.step_unbacked = 0
         self._last_sent = state
         return ops
-
-
-def demand_blocks(scheduler: Any) -> int:
-    """Blocks the scheduler's requests may want in the next step, for a group ask: the
-    prompts of the waiting requests the step could admit (up to ``max_num_seqs`` running, in
-    the waiting queue's order) in every KV cache group, and one block per group for each
-    running request (an upper bound: decode needs one every ``block_size`` tokens, a prefix
-    hit needs none)."""
-    config = getattr(scheduler, "kv_cache_config", None)
-    sizes = [int(g.kv_cache_spec.block_size) for g in getattr(config, "kv_cache_groups", ())]
-    if not sizes:
-        return 0
-    running = len(getattr(scheduler, "running", ()))
-    demand = running * len(sizes)
-    room = int(getattr(scheduler, "max_num_running_reqs", running + 1) or 0) - running
-    for request in getattr(scheduler, "waiting", ()):
-        if room <= 0:
-            break
-        room -= 1
-        tokens = int(getattr(request, "num_tokens", 0)) + 1
-        demand += sum(-(-tokens // size) for size in sizes)
-    return demand
-
-
-def preempt_over_limit(scheduler: Any, side: SchedulerSide) -> int:
-    """Blocks in use are mapped above the effective limit (cached and free pages are given
-    back already): preempt running requests, the newest first (the lowest priority under
-    the priority policy), as vLLM's ``schedule`` does when it runs out of blocks, until what
-    is mapped fits; each preemption frees its blocks, which :meth:`SchedulerSide.trim` gives
-    back (their cache entries first, when the cache limit or the budget needs it).
-    Preempted requests are recomputed later, from the prefix cache where it kept them. The
-    number preempted."""
-    running = scheduler.running
-    priority = str(getattr(getattr(scheduler, "policy", None), "name", "")).upper() == "PRIORITY"
-    limit = side.effective_limit()
-    count = 0
-    now = time.monotonic()
-    while running and side.ledger.mapped_bytes > limit:
-        if priority:
-            request = max(running, key=lambda r: (r.priority, r.arrival_time))
-            running.remove(request)
-        else:
-            request = running.pop()
-        scheduler._preempt_request(request, now)
-        discard = getattr(getattr(scheduler, "prev_step_scheduled_req_ids", None), "discard", None)
-        if discard is not None:
-            discard(request.request_id)
-        count += 1
-        side.changed()
-        side.trim()
-    if count:
-        logger.info(
-            "kvplan: %d requests preempted to get under the elastic limit of %d bytes "
-            "(%d mapped)", count, limit, side.ledger.mapped_bytes,
-        )  # fmt: skip
-    return count

@@ -263,8 +263,7 @@ def attach_worker(owner: Any, side: WorkerSide) -> None:
 
 
 def worker_of(owner: Any) -> WorkerSide | None:
-    with _WORKERS_LOCK:
-        side = _WORKERS.get(id(owner))
+    side = _WORKERS.get(id(owner))  # one dict read: atomic, no lock (writers hold it)
     if side is not None and side.cache.closed:
         return None
     return side
