@@ -18,7 +18,8 @@
    whose ratio is what the measure gives when nothing differs. ``--step-timers`` says where
    each arm's time went: vLLM's step functions timed in the engines as vLLM calls them
    (``harness.engine.driver.STEP_TIMERS``; the timers cost every arm alike, so take the ratio
-   from a run without them).
+   from a run without them), and kvplan's own time in each of its elastic handlers, vLLM's
+   work they wrap left out (``driver.HANDLER_TIMERS``).
 """
 
 from __future__ import annotations
@@ -232,11 +233,17 @@ def _per_call(fn: Any, calls: int) -> float:
 
 
 def engines(
-    rounds: int, tokens: int, twin: bool = False, timers: dict[str, dict[str, float]] | None = None
+    rounds: int,
+    tokens: int,
+    twin: bool = False,
+    timers: dict[str, dict[str, float]] | None = None,
+    handlers: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Median generate seconds per arm (and kvplan's map + unmap in the worker); ``timers``:
     filled with each arm's median milliseconds per run in each of the step's functions
-    (``harness.engine.driver.STEP_TIMERS``), the engines' timers on."""
+    (``harness.engine.driver.STEP_TIMERS``), the engines' timers on; ``handlers``: with the
+    timers, the elastic arm's median milliseconds and calls per run in each of kvplan's own
+    handlers (``driver.HANDLER_TIMERS``)."""
     from harness.engine import cases, harness
     from harness.engine._models import write_model
 
@@ -261,6 +268,7 @@ def engines(
         )  # fmt: skip
     times: dict[str, list[float]] = {arm: [] for arm in names}
     steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
+    own: dict[str, list[tuple[float, float]]] = {}
     mapping: list[float] = []
     for name, result in run.variants.items():
         if name == "warm-up":
@@ -270,6 +278,9 @@ def engines(
         times[arm].append(result["generate_s"])
         for key, figures in result.get("step_timers", {}).items():
             steps[arm].setdefault(key, []).append(figures["seconds"] * 1e3)
+        if arm == "elastic":
+            for key, figures in result.get("handler_timers", {}).items():
+                own.setdefault(key, []).append((figures["seconds"] * 1e3, figures["calls"]))
         stats = result["stats_files"].get("rank0.stats.json")
         if stats:  # elastic: kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
@@ -278,6 +289,12 @@ def engines(
     if timers is not None:
         for arm, keys in steps.items():
             timers[arm] = {key: statistics.median(ms) for key, ms in keys.items()}
+    if handlers is not None:
+        for key, runs in own.items():
+            handlers[key] = {
+                "ms": statistics.median(ms for ms, _ in runs),
+                "calls": statistics.median(n for _, n in runs),
+            }
     return medians
 
 
@@ -298,6 +315,18 @@ def step_table(timers: dict[str, dict[str, float]], generate: dict[str, float]) 
             t["runner.execute_model"], sampling, t["runner.sample_tokens"],
         )  # fmt: skip
         lines.append(f"| {arm} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    return lines
+
+
+def handler_table(handlers: dict[str, dict[str, float]]) -> list[str]:
+    """kvplan's own time in the elastic arm, per handler (ms and calls per run, medians): a
+    handler's time less vLLM's function it wraps; the pool's methods include vLLM's own."""
+    lines = ["| kvplan handler | calls a run | ms a run | µs a call |", "|---|---:|---:|---:|"]
+    for key, f in sorted(handlers.items(), key=lambda kv: -kv[1]["ms"]):
+        per_call = f["ms"] * 1e3 / f["calls"] if f["calls"] else 0.0
+        lines.append(f"| {key} | {f['calls']:.0f} | {f['ms']:.2f} | {per_call:.1f} |")
+    total = sum(f["ms"] for f in handlers.values())
+    lines.append(f"| all | | {total:.2f} | |")
     return lines
 
 
@@ -366,7 +395,8 @@ def main() -> int:
     if args.micro_only:
         return 0
     timers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
-    medians = engines(args.rounds, args.tokens, args.twin, timers)
+    handlers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
+    medians = engines(args.rounds, args.tokens, args.twin, timers, handlers)
     toks = 4 * args.tokens
     print(f"decode, 4 requests x {args.tokens} tokens, {args.rounds} rounds (medians, same run)")
     print("| arm | generate s | tokens/s | × eager throughput |")
@@ -381,6 +411,9 @@ def main() -> int:
     if timers is not None:
         print(f"where a run's time goes, ms per run ({args.tokens} steps; medians, timers on):")
         print("\n".join(step_table(timers, medians)))
+    if handlers:
+        print("kvplan's own time, elastic arm (its handlers less the vLLM functions they wrap):")
+        print("\n".join(handler_table(handlers)))
     return 0
 
 

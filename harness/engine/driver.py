@@ -105,6 +105,67 @@ def step_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
                 setattr(cls, name, own)
 
 
+HANDLER_TIMERS = (
+    ("schedule", "kvplan.integrations.vllm.elastic._mode", "ElasticMode", "schedule"),
+    ("update_from_output", "kvplan.integrations.vllm.elastic._mode", "ElasticMode",
+     "update_from_output"),
+    ("before_step", "kvplan.integrations.vllm.elastic._mode", "ElasticMode", "before_step"),
+    ("after_step", "kvplan.integrations.vllm.elastic._mode", "ElasticMode", "after_step"),
+    ("sample_tokens", "kvplan.integrations.vllm.elastic._mode", "ElasticMode", "sample_tokens"),
+    ("pool.get_num_free_blocks", "kvplan.integrations.vllm.elastic._pool", "_ElasticPool",
+     "get_num_free_blocks"),
+    ("pool.get_new_blocks", "kvplan.integrations.vllm.elastic._pool", "_ElasticPool",
+     "get_new_blocks"),
+    ("pool.free_blocks", "kvplan.integrations.vllm.elastic._pool", "_ElasticPool", "free_blocks"),
+)  # fmt: skip
+"""With ``"step_timers"``: kvplan's own time in each elastic handler -- its time less the time
+in the vLLM function it wraps (``Call.run``), so vLLM's own work is not counted -- and in each
+method of the elastic block pool (these include vLLM's own pool method, which they call).
+Installed before the plugin registers (the mode's handlers are bound then), counted for the
+variant's ``generate`` only."""
+
+
+@contextmanager
+def handler_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
+    """Time :data:`HANDLER_TIMERS` (seconds and calls, into ``into``) while the block runs."""
+    import importlib
+
+    from kvplan.integrations.vllm.pipeline import Call
+
+    inside = [0.0]  # seconds in vLLM's originals, run through Call.run
+    run = Call.run
+
+    def timed_run(self: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return run(self)
+        finally:
+            inside[0] += time.perf_counter() - started
+
+    patched: list[tuple[Any, str, Any]] = [(Call, "run", run)]
+    Call.run = timed_run  # type: ignore[method-assign]
+    for key, module, cls_name, name in HANDLER_TIMERS:
+        cls = getattr(importlib.import_module(module), cls_name)
+        inner = cls.__dict__[name]
+        figures = into.setdefault(key, {"seconds": 0.0, "calls": 0})
+
+        def timed(*args: Any, _inner: Any = inner, _f: Any = figures, **kwargs: Any) -> Any:
+            before, started = inside[0], time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                _f["seconds"] += time.perf_counter() - started - (inside[0] - before)
+                _f["calls"] += 1
+
+        setattr(cls, name, timed)
+        patched.append((cls, name, inner))
+    try:
+        yield
+    finally:
+        for cls, name, inner in reversed(patched):
+            setattr(cls, name, inner)
+
+
 def idle_step(llm: Any) -> None:
     """One more engine-core step after every request finished, as a server's busy loop makes
     (vLLM steps while it has finished requests to report); the offline LLM does not."""
@@ -367,6 +428,16 @@ def run_on_nodes(job: dict[str, Any], variant: dict[str, Any], first: bool) -> d
 
 
 def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> dict[str, Any]:
+    handlers: dict[str, dict[str, float]] = {}
+    if not job.get("step_timers") or job.get("multiprocessing"):
+        return _run_variant(job, variant, first, handlers)
+    with handler_timers(handlers):  # before the plugin registers: it binds the handlers
+        return _run_variant(job, variant, first, handlers)
+
+
+def _run_variant(
+    job: dict[str, Any], variant: dict[str, Any], first: bool, handlers: dict[str, Any]
+) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -407,6 +478,8 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
     rounds = []
     timers: dict[str, dict[str, float]] = {}
     timed = bool(job.get("step_timers")) and not multiprocess
+    for figures in handlers.values():  # the generate's only, not the start-up's
+        figures.update(seconds=0.0, calls=0)
     for group in job.get("batches", [list(range(len(prompts)))]):  # prefix-sharing order
         batch = [prompts[i] for i in group]
         if multiprocess:
@@ -424,6 +497,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
             }
         )
     generate_s = time.perf_counter() - started
+    handled = {key: dict(f) for key, f in handlers.items() if f["calls"]}
     if variant.get("idle_step"):
         idle_step(llm)
         time.sleep(1.5)  # the stats file follows within half a second
@@ -444,6 +518,7 @@ def run_variant(job: dict[str, Any], variant: dict[str, Any], first: bool) -> di
         else _PREEMPTIONS[0] - preempted,
         "stats_files": stats_files,
         "step_timers": timers,
+        "handler_timers": handled,
         "multiprocessing": multiprocess,
         "driver_pid": os.getpid(),
     }

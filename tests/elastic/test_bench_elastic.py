@@ -55,3 +55,46 @@ def test_the_engines_step_timers_wrap_vllms_functions_and_put_them_back() -> Non
         assert all(vars(cls)[name] is not b for (cls, name), b in zip(sites, before, strict=True))
     assert [vars(cls).get(name) for cls, name in sites] == before
     assert set(figures) == {key for key, *_ in driver.STEP_TIMERS}
+
+
+def test_the_handler_table_ranks_kvplans_own_time() -> None:
+    handlers = {
+        "schedule": {"ms": 1.6, "calls": 160},
+        "pool.get_new_blocks": {"ms": 0.75, "calls": 24},
+    }
+    lines = load().handler_table(handlers)
+    assert lines[2] == "| schedule | 160 | 1.60 | 10.0 |"
+    assert lines[3] == "| pool.get_new_blocks | 24 | 0.75 | 31.2 |"
+    assert lines[-1] == "| all | | 2.35 | |"
+
+
+def test_the_handler_timers_count_kvplans_time_not_the_vllm_function_it_wraps() -> None:
+    """A handler's own time is its time less the time in ``Call.run`` (vLLM's original): a
+    handler that runs a slow original and does little itself shows little; every timed
+    method is put back."""
+    import importlib
+    import time
+
+    from harness.engine import driver
+    from kvplan.integrations.vllm.elastic._mode import ElasticMode
+    from kvplan.integrations.vllm.pipeline import Call
+    from tests.elastic._calls import wrapped_call
+
+    sites = [
+        (getattr(importlib.import_module(module), cls), name)
+        for _key, module, cls, name in driver.HANDLER_TIMERS
+    ]
+    before = [vars(cls)[name] for cls, name in sites] + [vars(Call)["run"]]
+
+    class Scheduler:
+        def schedule(self) -> object:
+            time.sleep(0.05)  # vLLM's work: not kvplan's
+            return object()
+
+    figures: dict[str, dict[str, float]] = {}
+    with driver.handler_timers(figures):
+        mode = ElasticMode.__new__(ElasticMode)
+        mode.schedule(None, wrapped_call(Scheduler(), "schedule"))  # type: ignore[arg-type]
+    assert figures["schedule"]["calls"] == 1
+    assert 0 <= figures["schedule"]["seconds"] < 0.02  # the 50 ms sleep is not counted
+    assert [vars(cls)[name] for cls, name in sites] + [vars(Call)["run"]] == before
