@@ -318,6 +318,26 @@ def step_table(timers: dict[str, dict[str, float]], generate: dict[str, float]) 
     return lines
 
 
+def snapshot_runs_cost(chunks: int = 40960, rounds: int = 5) -> dict[str, float]:
+    """ms per ``mapped_runs`` of a stats snapshot (the reporter's thread computes it under the
+    interpreter lock, at most every half second while the figures change): ``chunks`` chunks
+    in one pool (40,960: 80 GiB of 2 MiB chunks), a tenth, half (at random: fragmented) and
+    all of them mapped."""
+    import random
+
+    from kvplan.elastic.files import mapped_runs
+
+    rng = random.Random(0)
+    costs = {}
+    for share in (0.1, 0.5, 1.0):
+        ids = {"kv": tuple(rng.sample(range(chunks), int(chunks * share)))}
+        started = time.perf_counter()
+        for _ in range(rounds):
+            mapped_runs(ids)
+        costs[f"{share:.0%} mapped"] = (time.perf_counter() - started) / rounds * 1e3
+    return costs
+
+
 def handler_table(handlers: dict[str, dict[str, float]]) -> list[str]:
     """kvplan's own time in the elastic arm, per handler (ms and calls per run, medians): a
     handler's time less vLLM's function it wraps; the pool's methods include vLLM's own."""
@@ -392,6 +412,11 @@ def main() -> int:
             f"trim after a request finished, {blocks} blocks (µs per trim): "
             + ", ".join(f"{k} {v:.1f} µs" for k, v in costs.items())
         )
+    costs = snapshot_runs_cost()
+    print(
+        "stats snapshot's mapped runs, 40,960 chunks (ms): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in costs.items())
+    )
     if args.micro_only:
         return 0
     timers: dict[str, dict[str, float]] | None = {} if args.step_timers else None

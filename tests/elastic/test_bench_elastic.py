@@ -98,3 +98,9 @@ def test_the_handler_timers_count_kvplans_time_not_the_vllm_function_it_wraps() 
     assert figures["schedule"]["calls"] == 1
     assert 0 <= figures["schedule"]["seconds"] < 0.02  # the 50 ms sleep is not counted
     assert [vars(cls)[name] for cls, name in sites] + [vars(Call)["run"]] == before
+
+
+def test_the_snapshot_runs_measure_runs() -> None:
+    costs = load().snapshot_runs_cost(chunks=64, rounds=1)
+    assert set(costs) == {"10% mapped", "50% mapped", "100% mapped"}
+    assert all(v >= 0 for v in costs.values())

@@ -332,6 +332,46 @@ def test_mapped_runs_coarsen_past_the_bound() -> None:
     make_stats(mapped_runs=runs, mapped_runs_unit=unit)  # and a snapshot accepts them
 
 
+def test_mapped_runs_are_the_smallest_unit_whose_runs_fit() -> None:
+    """Against the definition, over random chunk sets (sparse, dense, clustered): the runs
+    list exactly the units (``chunk // unit``) some mapped chunk falls in, merged into
+    maximal runs, at the smallest power of two whose run count fits (the halving passes
+    over runs give what the chunks themselves give)."""
+    import random
+
+    def definition(ids: set[int], unit: int) -> list[tuple[int, int]]:
+        units = sorted({c // unit for c in ids})
+        out: list[tuple[int, int]] = []
+        for u in units:
+            if out and out[-1][0] + out[-1][1] == u:
+                out[-1] = (out[-1][0], out[-1][1] + 1)
+            else:
+                out.append((u, 1))
+        return out
+
+    rng = random.Random(33)
+    for case in range(300):
+        pools = {}
+        for p in range(rng.randint(1, 3)):
+            size = rng.choice([1, 7, 64, 1000, 5000])
+            density = rng.choice([0.05, 0.5, 0.95, 1.0])
+            ids = {c for c in range(size) if rng.random() < density}
+            if rng.random() < 0.3:  # a clustered pool: a few long runs
+                ids = {c for lo in rng.sample(range(size), min(size, 4)) for c in range(lo, size)}
+            pools[f"p{p}"] = ids
+        bound = rng.choice([1, 3, 16, 100, 512])
+        runs, unit = files.mapped_runs(pools, max_runs=bound)
+        mapped = {pool: ids for pool, ids in pools.items() if ids}
+        if len(mapped) > bound:
+            assert (runs, unit) == (None, 1), case
+            continue
+        assert runs == {pool: definition(ids, unit) for pool, ids in mapped.items()}, case
+        assert sum(len(r) for r in runs.values()) <= bound, case
+        if unit > 1:  # half the unit would not have fitted
+            half = sum(len(definition(ids, unit // 2)) for ids in mapped.values())
+            assert half > bound, case
+
+
 def test_mapped_runs_that_cannot_be_recorded_are_none() -> None:
     many = {f"pool{i}": [0] for i in range(files.MAX_MAPPED_POOLS + 1)}
     assert files.mapped_runs(many) == (None, 1)

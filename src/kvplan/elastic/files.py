@@ -19,6 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -232,13 +233,11 @@ def check_mapped_runs(runs: Mapping[str, list[tuple[int, int]]]) -> None:
 
 def run_lengths(chunks: Iterable[int]) -> list[tuple[int, int]]:
     """Chunk numbers (any order, repeats allowed) as sorted ``(first, count)`` runs."""
-    out: list[tuple[int, int]] = []
-    for chunk in sorted(set(chunks)):
-        if out and out[-1][0] + out[-1][1] == chunk:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((chunk, 1))
-    return out
+    ordered = sorted(set(chunks))
+    n = len(ordered)
+    # a run breaks where a number does not follow the one before it
+    bounds = [0, *(i for i in range(1, n) if ordered[i] != ordered[i - 1] + 1), n]
+    return [(ordered[a], b - a) for a, b in pairwise(bounds) if b > a]
 
 
 def mapped_runs(
@@ -252,29 +251,34 @@ def mapped_runs(
     chunk are left out. ``(None, 1)`` when the runs cannot be recorded (more mapped pools than
     ``max_runs`` or :data:`MAX_MAPPED_POOLS`, a pool name longer than
     :data:`MAX_POOL_NAME_CHARS`): the snapshot then has no runs.
+
+    A GPU's pools have tens of thousands of chunks, and the stats reporter's thread computes
+    this under the interpreter lock the engine's steps need: each doubling of the unit halves
+    the runs of the one before (a unit of ``2u`` is listed when either of its halves is), so
+    the passes after the first cost half, a quarter, ... of it.
     """
-    exact = {pool: run_lengths(ids) for pool, ids in chunks_by_pool.items()}
-    exact = {pool: runs for pool, runs in exact.items() if runs}
+    runs = {pool: run_lengths(ids) for pool, ids in chunks_by_pool.items()}
+    runs = {pool: found for pool, found in runs.items() if found}
     limit = min(max_runs, MAX_MAPPED_RUNS)
-    if len(exact) > min(limit, MAX_MAPPED_POOLS) or any(
-        not 0 < len(pool) <= MAX_POOL_NAME_CHARS for pool in exact
+    if len(runs) > min(limit, MAX_MAPPED_POOLS) or any(
+        not 0 < len(pool) <= MAX_POOL_NAME_CHARS for pool in runs
     ):
         return None, 1
     unit = 1
-    runs = exact
     while sum(len(r) for r in runs.values()) > limit:
         unit *= 2
-        runs = {pool: _coarsen(r, unit) for pool, r in exact.items()}
+        runs = {pool: _halved(r) for pool, r in runs.items()}
     return runs, unit
 
 
-def _coarsen(runs: list[tuple[int, int]], unit: int) -> list[tuple[int, int]]:
+def _halved(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` (sorted, disjoint) in units twice as large: a unit listed when either half is."""
     out: list[tuple[int, int]] = []
     for first, count in runs:
-        lo, hi = first // unit, (first + count - 1) // unit + 1
+        lo, hi = first >> 1, ((first + count - 1) >> 1) + 1
         if out and out[-1][0] + out[-1][1] >= lo:
             start = out[-1][0]
-            out[-1] = (start, max(out[-1][0] + out[-1][1], hi) - start)
+            out[-1] = (start, max(start + out[-1][1], hi) - start)
         else:
             out.append((lo, hi - lo))
     return out
