@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -78,31 +78,44 @@ def step_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
     """Time :data:`STEP_TIMERS` (seconds and calls, into ``into``) while the block runs."""
     import importlib
 
-    patched = []
+    patched: list[tuple[Any, str, Any]] = []
     for key, module, cls_name, name in STEP_TIMERS:
         cls = getattr(importlib.import_module(module), cls_name)
         own = cls.__dict__.get(name)  # None: inherited (put back by removing the timer)
         inner = own or getattr(cls, name)
-        figures = into.setdefault(key, {"seconds": 0.0, "calls": 0})
-
-        def timed(*args: Any, _inner: Any = inner, _f: Any = figures, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return _inner(*args, **kwargs)
-            finally:
-                _f["seconds"] += time.perf_counter() - started
-                _f["calls"] += 1
-
-        setattr(cls, name, timed)
+        setattr(cls, name, _timed(inner, into.setdefault(key, {"seconds": 0.0, "calls": 0})))
         patched.append((cls, name, own))
     try:
         yield
     finally:
-        for cls, name, own in reversed(patched):
-            if own is None:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, own)
+        _put_back(patched)
+
+
+def _timed(
+    inner: Any, figures: dict[str, float], inside: list[float] | None = None
+) -> Callable[..., Any]:
+    """``inner``, counting its calls and seconds into ``figures``; ``inside``: seconds spent
+    in nested calls that are not to be counted (a running total kept by whoever times them)."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        before, started = (inside[0] if inside else 0.0), time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            nested = inside[0] - before if inside else 0.0
+            figures["seconds"] += time.perf_counter() - started - nested
+            figures["calls"] += 1
+
+    return timed
+
+
+def _put_back(patched: list[tuple[Any, str, Any]]) -> None:
+    """Undo the timers: each class gets back what it had (``None``: it inherited it)."""
+    for cls, name, own in reversed(patched):
+        if own is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, own)
 
 
 HANDLER_TIMERS = (
@@ -148,22 +161,12 @@ def handler_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
         cls = getattr(importlib.import_module(module), cls_name)
         inner = cls.__dict__[name]
         figures = into.setdefault(key, {"seconds": 0.0, "calls": 0})
-
-        def timed(*args: Any, _inner: Any = inner, _f: Any = figures, **kwargs: Any) -> Any:
-            before, started = inside[0], time.perf_counter()
-            try:
-                return _inner(*args, **kwargs)
-            finally:
-                _f["seconds"] += time.perf_counter() - started - (inside[0] - before)
-                _f["calls"] += 1
-
-        setattr(cls, name, timed)
+        setattr(cls, name, _timed(inner, figures, inside))
         patched.append((cls, name, inner))
     try:
         yield
     finally:
-        for cls, name, inner in reversed(patched):
-            setattr(cls, name, inner)
+        _put_back(patched)
 
 
 def idle_step(llm: Any) -> None:
