@@ -2,7 +2,7 @@
 """Elastic serving benchmark: decode throughput vs eager, and kvplan's cost per step.
 
     python benchmarks/bench_elastic.py [--rounds 3] [--tokens 64] [--steps 20000] [--micro-only]
-        [--twin] [--step-timers]
+        [--twin] [--in-step] [--emulate h100] [--step-timers]
 
 1. **Per-step cost when nothing new is mapped** (in this process, the suite's vLLM): the three
    elastic handlers a step runs — ``Scheduler.schedule``'s (give back, attach operations),
@@ -15,7 +15,13 @@
    of 80 prompt tokens decoding ``--tokens`` tokens each, host-vmm eager vs host-vmm elastic;
    the ratio of medians, measured in the same run. Target: elastic ≥ 0.98× eager (#33).
    ``--twin`` adds ``eager-twin`` (host-vmm eager again, its own engines): the A/A control,
-   whose ratio is what the measure gives when nothing differs. ``--step-timers`` says where
+   whose ratio is what the measure gives when nothing differs. ``--in-step`` adds
+   ``elastic-in-step``: elastic with nothing mapped ahead (``KVPLAN_RESERVE=0``,
+   ``KVPLAN_BUSY_RESERVE=0``), every block mapped inside the step that hands it out -- what
+   the busy engine's map ahead, on the worker's thread, takes out of the step. ``--emulate
+   h100`` makes host-vmm wait in the elastic arms as kvcached's H100 figures say a GPU's driver
+   calls would (``KVPLAN_HOST_VMM_LATENCY``; an EMULATION, not a GPU measurement: the waits
+   sleep, so a map ahead overlaps the forward as a GPU's would). ``--step-timers`` says where
    each arm's time went: vLLM's step functions timed in the engines as vLLM calls them
    (``harness.engine.driver.STEP_TIMERS``; the timers cost every arm alike, so take the ratio
    from a run without them), and kvplan's own time in each of its elastic handlers, vLLM's
@@ -237,25 +243,34 @@ def engines(
     tokens: int,
     twin: bool = False,
     timers: dict[str, dict[str, float]] | None = None,
-    handlers: dict[str, dict[str, float]] | None = None,
+    handlers: dict[str, dict[str, dict[str, float]]] | None = None,
+    in_step: bool = False,
+    emulate: str | None = None,
 ) -> dict[str, float]:
     """Median generate seconds per arm (and kvplan's map + unmap in the worker); ``timers``:
     filled with each arm's median milliseconds per run in each of the step's functions
     (``harness.engine.driver.STEP_TIMERS``), the engines' timers on; ``handlers``: with the
-    timers, the elastic arm's median milliseconds and calls per run in each of kvplan's own
+    timers, each elastic arm's median milliseconds and calls per run in each of kvplan's own
     handlers (``driver.HANDLER_TIMERS``)."""
     from harness.engine import cases, harness
     from harness.engine._models import write_model
 
     python = harness.ensure_engine_env(lambda m: print(m, file=sys.stderr))
-    names = ["eager", "elastic", *(["eager-twin"] if twin else [])]
+    names = [
+        "eager", "elastic", *(["elastic-in-step"] if in_step else []),
+        *(["eager-twin"] if twin else []),
+    ]  # fmt: skip
     prompt = [(7 * i) % 500 + 3 for i in range(80)]
     prompts = [[(t + k) % 500 + 3 for t in prompt] for k in range(4)]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
 
         def env(arm: str, name: str) -> dict[str, str]:
-            return harness.kvplan_env("host-vmm", arm.removesuffix("-twin"), work / name)
+            mode = arm.removesuffix("-twin").removesuffix("-in-step")
+            extra = dict(cases.IN_STEP) if arm.endswith("-in-step") else {}
+            if emulate and mode == "elastic":
+                extra["KVPLAN_HOST_VMM_LATENCY"] = emulate
+            return harness.kvplan_env("host-vmm", mode, work / name, **extra)
 
         variants = [harness.Variant("warm-up", env("eager", "warm-up"))]
         for r in range(rounds):
@@ -268,7 +283,7 @@ def engines(
         )  # fmt: skip
     times: dict[str, list[float]] = {arm: [] for arm in names}
     steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
-    own: dict[str, list[tuple[float, float]]] = {}
+    own: dict[str, dict[str, list[tuple[float, float]]]] = {}
     mapping: list[float] = []
     for name, result in run.variants.items():
         if name == "warm-up":
@@ -278,11 +293,11 @@ def engines(
         times[arm].append(result["generate_s"])
         for key, figures in result.get("step_timers", {}).items():
             steps[arm].setdefault(key, []).append(figures["seconds"] * 1e3)
-        if arm == "elastic":
-            for key, figures in result.get("handler_timers", {}).items():
-                own.setdefault(key, []).append((figures["seconds"] * 1e3, figures["calls"]))
+        for key, figures in result.get("handler_timers", {}).items():
+            mine = own.setdefault(arm, {}).setdefault(key, [])
+            mine.append((figures["seconds"] * 1e3, figures["calls"]))
         stats = result["stats_files"].get("rank0.stats.json")
-        if stats:  # elastic: kvplan's own map + unmap time in the worker
+        if stats and arm == "elastic":  # kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
     medians = {arm: statistics.median(t) for arm, t in times.items()}
     medians["elastic map+unmap"] = statistics.median(mapping)
@@ -290,10 +305,13 @@ def engines(
         for arm, keys in steps.items():
             timers[arm] = {key: statistics.median(ms) for key, ms in keys.items()}
     if handlers is not None:
-        for key, runs in own.items():
-            handlers[key] = {
-                "ms": statistics.median(ms for ms, _ in runs),
-                "calls": statistics.median(n for _, n in runs),
+        for arm, keys in own.items():
+            handlers[arm] = {
+                key: {
+                    "ms": statistics.median(ms for ms, _ in runs),
+                    "calls": statistics.median(n for _, n in runs),
+                }
+                for key, runs in keys.items()
             }
     return medians
 
@@ -389,6 +407,14 @@ def main() -> int:
         "--twin", action="store_true", help="add eager-twin, eager again: the A/A control"
     )
     parser.add_argument(
+        "--in-step", action="store_true", help="add elastic-in-step: nothing mapped ahead"
+    )
+    parser.add_argument(
+        "--emulate",
+        help="KVPLAN_HOST_VMM_LATENCY for the elastic arms (h100, a100, map=US,...): EMULATED "
+        "device latency, not a GPU measurement",
+    )
+    parser.add_argument(
         "--step-timers",
         action="store_true",
         help="time the step's functions in the engines (where the time goes; the timers add "
@@ -420,10 +446,18 @@ def main() -> int:
     if args.micro_only:
         return 0
     timers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
-    handlers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
-    medians = engines(args.rounds, args.tokens, args.twin, timers, handlers)
+    handlers: dict[str, dict[str, dict[str, float]]] | None = {} if args.step_timers else None
+    medians = engines(
+        args.rounds, args.tokens, args.twin, timers, handlers, args.in_step, args.emulate
+    )
     toks = 4 * args.tokens
     print(f"decode, 4 requests x {args.tokens} tokens, {args.rounds} rounds (medians, same run)")
+    if args.emulate:
+        print(
+            f"EMULATED device latency in the elastic arms (KVPLAN_HOST_VMM_LATENCY="
+            f"{args.emulate}): host-vmm sleeps as a GPU's driver calls would take; not a GPU "
+            "measurement"
+        )
     print("| arm | generate s | tokens/s | × eager throughput |")
     print("|---|---:|---:|---:|")
     mapping = medians.pop("elastic map+unmap")
@@ -436,9 +470,9 @@ def main() -> int:
     if timers is not None:
         print(f"where a run's time goes, ms per run ({args.tokens} steps; medians, timers on):")
         print("\n".join(step_table(timers, medians)))
-    if handlers:
-        print("kvplan's own time, elastic arm (its handlers less the vLLM functions they wrap):")
-        print("\n".join(handler_table(handlers)))
+    for arm, figures in (handlers or {}).items():
+        print(f"kvplan's own time, {arm} (its handlers less the vLLM functions they wrap):")
+        print("\n".join(handler_table(figures)))
     return 0
 
 

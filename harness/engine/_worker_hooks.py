@@ -70,9 +70,10 @@ def install_rank_failure(rank: int, number: int) -> None:
 
     real = _elastic.WorkerSide._map
 
-    def failing(self: Any, blocks: tuple[int, ...]) -> None:
-        if self.label != f"rank{rank}" or self.count["map_calls"] != number:
-            return real(self, blocks)
+    def failing(self: Any, blocks: tuple[int, ...], inject: bool) -> None:
+        made = self.count["map_calls"] + self.count["busy_ahead_calls"]  # as the setting counts
+        if self.label != f"rank{rank}" or made != number:
+            return real(self, blocks, inject)
         logging.getLogger("vllm.kvplan").warning(
             "_worker_hooks: %s fails map #%d on purpose", self.label, number
         )

@@ -33,6 +33,12 @@ SHARED = LONG[: 2 * BLOCK_SIZE] + [(11 * i) % 500 + 3 for i in range(9)]
 PROMPTS = [LONG, SHARED]
 BATCHES = [[0], [1]]
 
+IN_STEP = {"KVPLAN_RESERVE": "0", "KVPLAN_BUSY_RESERVE": "0"}
+"""Elastic settings under which nothing is mapped ahead (no reserve, idle or busy): every
+block is mapped inside the step that hands it out. The failed-map suites use them, so that the
+map ``KVPLAN_DEBUG_FAIL_MAP`` names is a step's own map of blocks requests use (a busy
+engine's map ahead and its failure: ``tests/engine/test_elastic.py``'s ``ahead-fails``)."""
+
 ENGINE_ARGS = {
     "load_format": "dummy",
     "skip_tokenizer_init": True,

@@ -309,9 +309,9 @@ def install_reported_map_failure(on: bool) -> None:
         return
     real = _elastic.WorkerSide._map
 
-    def mapped_then_reported(self: Any, blocks: tuple[int, ...]) -> None:
-        if self.settings.fail_map != self.count["map_calls"]:
-            return real(self, blocks)
+    def mapped_then_reported(self: Any, blocks: tuple[int, ...], inject: bool) -> None:
+        if not inject:
+            return real(self, blocks, inject)
         from kvplan.schemas.errors import Code, KVPlanError, error
 
         self.cache.ensure_mapped(blocks)

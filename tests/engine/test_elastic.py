@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from harness.engine._models import BLOCK_SIZE, write_model
-from harness.engine.cases import ELASTIC_MODELS, ENGINE_ARGS
+from harness.engine.cases import ELASTIC_MODELS, ENGINE_ARGS, IN_STEP
 from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env, run_engines
 from tests.engine.conftest import EnginePython
 
@@ -56,7 +56,11 @@ FAILED_MAP = 2
 """The map (of each worker, 1-based) that ``KVPLAN_DEBUG_FAIL_MAP`` fails: the first maps the
 first round's prompts, the second a block requests grow into while decoding."""
 
-FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
+FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **IN_STEP}
+FAIL_AHEAD = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
+"""With the default reserves, map 2 is the busy engine's first map ahead (map 1: the part of
+the first round's prompts the idle reserve did not hold), made on the worker's mapping thread
+during the first step; it fails, and so does its retry in the second step."""
 
 _RUNS = RunsOnce()
 
@@ -84,6 +88,9 @@ def variants(model: str, work: Path) -> list[Variant]:
         # the reference: the same map made, then reported as failed -- the same recovery
         # (preemptions, evictions, batches), but no step ran over unbacked memory
         Variant("map-reported", env("reported", **FAIL), reported_map_failure=True),
+        # a busy engine's map ahead fails on its thread, then again in the next step: that
+        # step's failed map, over free blocks only (llama's second step hands none out)
+        *([Variant("ahead-fails", env("ahead-fails", **FAIL_AHEAD))] if model == "llama" else []),
     ]
 
 
@@ -149,6 +156,9 @@ def test_elastic_maps_a_few_chunks_not_the_reservation(
     assert figures["limit_bytes"] == figures["reserved_bytes"]  # the default limit
     closed = stats(elastic_run(release, model), "elastic", closed=True)
     assert closed["state"] == "closed" and closed["mapped_bytes"] == 0
+    # most chunks were mapped ahead (the idle reserve, then the busy engine's next blocks on
+    # the worker's thread), some in the steps (the first round's prompts beyond the reserve)
+    assert closed["maps"] // 2 < closed["ahead_maps"] < closed["maps"]
 
 
 @pytest.mark.parametrize(("release", "model"), CASES)
@@ -201,8 +211,25 @@ def test_a_failed_map_is_running_out_of_blocks(release: str, model: str, elastic
     said = [
         line for line in run.log.splitlines() if "requests that used them are preempted" in line
     ]
-    assert len(said) == 2, said  # once for each of the two engines
+    assert len(said) == 2 + (model == "llama"), said  # once for each failing engine
     assert "fails map #2 on purpose" in run.log
+
+
+@pytest.mark.parametrize(("release", "model"), [c for c in CASES if "llama" in c.id])
+def test_a_busy_map_ahead_that_fails_is_the_next_steps_failed_map(
+    release: str, model: str, elastic_run: Runs
+) -> None:
+    """A busy engine maps its next blocks on the worker's thread while the step runs; when
+    that map fails (rolled back there) the next step maps them again with its own blocks, and
+    when that fails too it is that step's failed map, which here holds free blocks only: no
+    request is preempted and the tokens are vanilla's."""
+    run = elastic_run(release, model)
+    failed = run.variants["ahead-fails"]
+    assert failed["active"] and failed["preemptions"] == 0
+    assert run.tokens("ahead-fails") == run.tokens("vanilla")
+    figures = stats(run, "ahead-fails", closed=True)
+    assert figures["failed_maps"] == 2  # on the mapping thread, then its retry in the step
+    assert figures["ahead_maps"] > 0  # later maps ahead succeeded
 
 
 def test_a_skipped_map_is_caught(engine_python: Path, tmp_path: Path) -> None:

@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 
 from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.cases import IN_STEP
 from harness.engine.harness import EngineRun, Variant, kvplan_env
 from tests.engine._multiproc import SHARED, dumped, run_mp
 
 FAILED_MAP = 2
 """The map (of each worker, 1-based) that fails: the second maps a block a request grows
 into while decoding (the first maps the first round's prompts)."""
-FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
+FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **IN_STEP}
 STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60"}
 """Were the ranks not to agree, a failure on a rank that is not the output rank would leave
 the output rank waiting in the forward's all-reduce until the engine core gives up after
@@ -54,7 +55,7 @@ def variants(work: Path, tp: int) -> list[Variant]:
     def env(name: str, **extra: str) -> dict[str, str]:
         return kvplan_env("host-vmm", "elastic", work / f"dump-{name}", **extra)
 
-    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
+    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0", **IN_STEP}
     how = {"every": FAIL, "rank1": hook}  # rank 1 alone: the driver's hook, in that worker
     wheres = [where for size, where in CASES.values() if size == tp]
     return [
@@ -122,7 +123,7 @@ def test_under_poison_a_failed_map_on_one_rank_stops_the_engine_at_once(
     alone fails; both ranks learn it before the forward and refuse the step (``KVP532``), so
     the output rank's refusal stops the engine -- no rank is left waiting in a collective."""
     work = tmp_path / "failed-map-poison"
-    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
+    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0", **IN_STEP}
     env = kvplan_env("host-vmm", "elastic", work / "dump", KVPLAN_POISON="1", **hook)
     with pytest.raises(AssertionError) as failed:
         run_mp(

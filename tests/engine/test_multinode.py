@@ -23,6 +23,7 @@ import pytest
 
 from harness.engine._nodes import NODE1_DUMP_SUFFIX
 from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.cases import IN_STEP
 from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from kvplan.elastic.group import set_budget
 from tests.engine._multiproc import (
@@ -46,11 +47,11 @@ def tp_variants(work: Path) -> list[Variant]:
     def env(backend: str, mode: str, dump: str, **extra: str) -> dict[str, str]:
         return kvplan_env(backend, mode, work / dump, **extra)
 
-    fail = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
+    fail = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **IN_STEP}
     (work / "group").mkdir()
     set_budget(work / "group", 64 << 20, create=True)  # ``kvplan limit --group DIR 64MiB``
     group = {"KVPLAN_GROUP": str(work / "group")}
-    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}"}
+    hook = {HOOKS_ENV: f"fail-map=1:{FAILED_MAP}", **IN_STEP}
     return [
         Variant("vanilla"),
         Variant("torch-eager", env("torch", "eager", "dump-torch")),

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from harness.engine._worker_hooks import HOOKS_ENV
+from harness.engine.cases import IN_STEP
 from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from tests.engine._multiproc import KV_HEADS, MAX_TOKENS, REQUESTS, block_bytes, dumped, run_mp
 
@@ -33,8 +34,8 @@ def variants(work: Path) -> list[Variant]:
     def env(mode: str, dump: str, **extra: str) -> dict[str, str]:
         return kvplan_env("host-vmm", mode, work / dump, **extra)
 
-    fail = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
-    first_stage = {HOOKS_ENV: f"fail-map=0:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0"}
+    fail = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **IN_STEP}
+    first_stage = {HOOKS_ENV: f"fail-map=0:{FAILED_MAP}", "KVPLAN_MAP_RETRY": "0", **IN_STEP}
     return [
         Variant("host-vmm-eager", env("eager", "dump-eager")),
         Variant("vanilla"),

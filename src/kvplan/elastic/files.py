@@ -138,6 +138,13 @@ class ElasticStats(_Document):
         description="requests the engine core preempted so far because blocks in use exceeded "
         "the effective limit (a lowered limit, another member's claim); None: an older writer",
     )
+    ahead_maps: int | None = Field(
+        default=None,
+        ge=0,
+        description="of maps, the chunks mapped ahead of need, outside any step's critical path: "
+        "an idle engine's reserve, and a busy engine's next blocks mapped while a step ran; "
+        "None: an older writer",
+    )
     plan_fingerprint: str | None = Field(
         default=None, max_length=128, description="fingerprint of the plan the worker bound"
     )

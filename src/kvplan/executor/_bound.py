@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,10 @@ class BoundKVCache:
     name → ``int8`` byte tensor. In ``elastic`` mode only the chunks of blocks passed to
     :meth:`ensure_mapped` are backed by memory; touching other bytes faults. :meth:`close`
     unmaps and frees everything: tensors obtained from this cache must not be used after.
-    Not thread-safe; use from one thread (the one torch uses for the device).
+    :meth:`ensure_mapped`, :meth:`release_blocks` and :meth:`close` take one lock, so one
+    thread may map blocks ahead while another releases others or closes the cache (each call
+    runs whole, never interleaved with another); the accounting properties read a consistent
+    snapshot without it.
     """
 
     def __init__(
@@ -67,6 +71,8 @@ class BoundKVCache:
         self.closed = False
         self._closing = False
         self._backend_closed = False
+        self._lock = threading.RLock()
+        """Held by every call that changes what is mapped (see the class doc)."""
 
     # -- accounting -----------------------------------------------------------------------
     @property
@@ -150,6 +156,10 @@ class BoundKVCache:
         Idempotent per block. All-or-nothing: on a failed driver call everything this call
         mapped is unmapped again and ``KVP402`` is raised. No-op in eager mode.
         """
+        with self._lock:
+            return self._ensure_mapped(block_ids)
+
+    def _ensure_mapped(self, block_ids: Iterable[int]) -> int:
         ids = self._block_ids(block_ids)
         if self.mode != "elastic":
             return 0
@@ -190,6 +200,10 @@ class BoundKVCache:
         Blocks that are not resident are ignored. No-op in eager mode. A failed unmap
         leaves that chunk mapped (unreferenced) and raises ``KVP402``.
         """
+        with self._lock:
+            return self._release_blocks(block_ids)
+
+    def _release_blocks(self, block_ids: Iterable[int]) -> int:
         ids = self._block_ids(block_ids)
         if self.mode != "elastic":
             return 0
@@ -239,6 +253,10 @@ class BoundKVCache:
         new can be mapped) and ``KVPlanError`` ``KVP410`` says what remains mapped or
         reserved; calling ``close()`` again retries exactly what is left.
         """
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.closed:
             return
         self._closing = True

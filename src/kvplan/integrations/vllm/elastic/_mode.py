@@ -288,6 +288,8 @@ class ElasticMode:
             output = call.run()
             side.stepping = True  # until its output arrives (``update_from_output``)
             side.unservable_ids = unservable.pick(scheduler, side, output)
+            if side.step_taken() and side.busy:  # blocks went: back what the next steps take,
+                side.map_ahead_busy()  # mapped while this one runs
             ops = side.ops()
             if ops is not None:
                 setattr(output, OPS_ATTR, ops)
@@ -375,8 +377,11 @@ class ElasticMode:
             side.apply(ops)
         except MapFailed as exc:
             failed = exc
-        if ops.map:  # every rank got the same ops: all of them agree, or none
-            failed = recovery.agree_across_ranks(side, ops, failed)
+        # every rank got the same ops (and the same ``ahead`` before them): all of them
+        # agree, or none
+        if ops.map or side.joined:
+            failed = recovery.agree_across_ranks(side, ops.seq, side.step_blocks, failed)
+        side.start_ahead(ops.ahead)  # mapped on the worker's thread while the step runs
         if failed is None:
             return
         try:

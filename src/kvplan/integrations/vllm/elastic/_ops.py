@@ -55,6 +55,11 @@ class ElasticOps:
     over_limit_preemptions: int = 0
     """Requests preempted so far because blocks in use exceeded the effective limit (a lowered
     limit, another member's claim): :attr:`SchedulerSide.preempted`."""
+    ahead: tuple[int, ...] = ()
+    """Free blocks a busy engine backs ahead of need: each worker maps them on a thread of its
+    own while the step runs, and joins that thread before its next operations (the next step's
+    -- the scheduler always sends the step after one with ``ahead`` operations -- or an idle
+    engine's), so they are resident before any step can use them."""
 
 
 def sampled_blocks(num_blocks: int) -> list[int]:

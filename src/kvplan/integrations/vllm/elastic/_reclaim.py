@@ -93,19 +93,24 @@ def reclaim_idle(engine_core: Any, scheduler: Any, side: SchedulerSide) -> bool:
 
 def send(engine_core: Any, side: SchedulerSide, ops: Any) -> None:
     """``ops`` to every rank (``collective_rpc``), in its RPC order; when a rank could not
-    map ahead, every rank unmaps those blocks again (the ones that mapped them) and the
-    scheduler unbacks them (:meth:`SchedulerSide.ahead_failed`)."""
+    map -- ahead, or a busy engine's map ahead that these operations join (mapped again with
+    them) -- every rank unmaps those blocks again (the ones that mapped them) and the
+    scheduler unbacks them (:meth:`SchedulerSide.ahead_failed`): free blocks, no request's
+    concern (no step ran since that map ahead: the scheduler sends the step after one that
+    maps ahead operations, which would have joined it)."""
     import dataclasses
 
     from kvplan.integrations.vllm.elastic._worker import apply_between_steps
 
     executor = engine_core.model_executor
     failures = [f for f in executor.collective_rpc(apply_between_steps, args=(ops,)) if f]
-    if not failures or not ops.map:
+    gone = set(ops.unmap)
+    blocks = ops.map + tuple(b for b in side.joining if b not in gone)
+    if not failures or not blocks:
         return
-    side.ahead_failed(ops.map, failures[0])
+    side.ahead_failed(blocks, failures[0])
     side.seq += 1
-    undo = dataclasses.replace(ops, seq=side.seq, unmap=ops.map, map=())
+    undo = dataclasses.replace(ops, seq=side.seq, unmap=blocks, map=())
     executor.collective_rpc(apply_between_steps, args=(undo,))
 
 

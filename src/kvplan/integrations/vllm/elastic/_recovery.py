@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.elastic import _refusals as refusals
-from kvplan.integrations.vllm.elastic._ops import ElasticOps, MapFailed
+from kvplan.integrations.vllm.elastic._ops import MapFailed
 from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
@@ -158,16 +158,21 @@ def failed_ranks(failed: bool, groups: list[Any]) -> tuple[int, ...]:
 
 
 def agree_across_ranks(
-    worker: WorkerSide, ops: ElasticOps, failed: MapFailed | None, groups: list[Any] | None = None
+    worker: WorkerSide,
+    seq: int,
+    blocks: tuple[int, ...],
+    failed: MapFailed | None,
+    groups: list[Any] | None = None,
 ) -> MapFailed | None:
     """Every rank of a tensor- or pipeline-parallel engine, before the step's forward, after
-    applying ``ops`` (which map): did any rank fail? (:func:`failed_ranks`; every rank
-    received the same ``ops``, so every rank makes the same calls, in the step's order.) When
-    one did, a rank whose own map succeeded releases the step's new blocks -- they were not
-    resident before the step, so this is the state the failing rank rolled back to -- and
-    every rank returns the same failure: whichever rank's output reaches the scheduler (the
-    last pipeline stage's) carries it. ``groups``: vLLM's ``GroupCoordinator``s
-    (default: this process's, :func:`step_groups`)."""
+    applying operations ``seq`` (which map, or join a map ahead): did any rank fail?
+    (:func:`failed_ranks`; every rank received the same operations, so every rank makes the
+    same calls, in the step's order.) When one did, a rank whose own maps succeeded releases
+    the step's ``blocks`` (``WorkerSide.step_blocks``: its new blocks and those mapped ahead
+    that it joined, none of them in use before the step) -- the state the failing rank rolled
+    back to -- and every rank returns the same failure: whichever rank's output reaches the
+    scheduler (the last pipeline stage's) carries it. ``groups``: vLLM's
+    ``GroupCoordinator``s (default: this process's, :func:`step_groups`)."""
     groups = groups if groups is not None else step_groups()
     if not groups:
         return failed
@@ -177,10 +182,10 @@ def agree_across_ranks(
     if failed is None:  # a peer failed: undo this rank's maps of the step
         cache = worker.cache
         before = sum(cache.mapped_chunks.values())
-        cache.release_blocks(ops.map)
+        cache.release_blocks(blocks)
         worker.count["rollbacks"] += before - sum(cache.mapped_chunks.values())
         worker.touch()
-        failed = MapFailed(ops.seq, ops.map, _peer_failure(worker.label, ranks))
+        failed = MapFailed(seq, blocks, _peer_failure(worker.label, ranks))
     failed.ranks = ranks
     return failed
 

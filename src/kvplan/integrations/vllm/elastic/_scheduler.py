@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvplan.integrations.vllm.elastic._ahead import MappingAhead
 from kvplan.integrations.vllm.elastic._ops import ElasticOps, geometry_digest
 from kvplan.integrations.vllm.elastic._requests import demand_blocks, preempt_over_limit
 from kvplan.integrations.vllm.elastic._settings import (
@@ -51,7 +52,7 @@ DEMAND_FACTOR = 2
 """... times this many: a step's allocations and the next one's find their pages backed."""
 
 
-class SchedulerSide:
+class SchedulerSide(MappingAhead):
     """The engine core's elastic state: ledger, budget, the operations of the next step."""
 
     def __init__(
@@ -79,6 +80,13 @@ class SchedulerSide:
         self.pending_map: dict[int, None] = {}
         """Blocks to map with the next operations (in order; see :meth:`queue`)."""
         self.pending_unmap: dict[int, None] = {}
+        self.pending_ahead: dict[int, None] = {}
+        """Blocks a busy engine backs ahead, for the next operations' ``ahead``."""
+        self.ahead_out: tuple[int, ...] = ()
+        """The ``ahead`` of the operations sent last: the workers map them while that step
+        runs and join the mapping with the next operations (always sent: :meth:`ops`)."""
+        self.joining: tuple[int, ...] = ()
+        """The ``ahead`` the operations built last join (:attr:`ahead_out` before them)."""
         self.seq = 0
         self.dirty = True
         self.cached_blocks = 0
@@ -408,22 +416,29 @@ class SchedulerSide:
         self.queue(mapped=self.ledger.back(block_ids))
         self.version += 1
 
-    def queue(self, *, mapped: Iterable[int] = (), unmapped: Iterable[int] = ()) -> None:
-        """Queue maps and unmaps for the next operations, a block's last word winning. The
-        workers apply an operation's unmaps before its maps, so a block backed and unbacked
-        again before the operations went out (a request preempted in the schedule that gave
-        it the block, an idle engine's blocks freed before any step) must leave the maps --
-        the workers never mapped it -- rather than join the unmaps too, where its map would
-        win on the workers while the ledger counts it unbacked. Unbacked and backed again
-        before they went out, it stays mapped on the workers: neither list."""
-        for b in mapped:
-            if b in self.pending_unmap:  # the workers hold it mapped: it stays so
-                del self.pending_unmap[b]
-            else:
-                self.pending_map[b] = None
+    def queue(
+        self, *, mapped: Iterable[int] = (), unmapped: Iterable[int] = (), ahead: Iterable[int] = ()
+    ) -> None:
+        """Queue maps (``ahead``: maps ahead) and unmaps for the next operations, a block's last
+        word winning. The workers apply an operation's unmaps before its maps, so a block
+        backed and unbacked again before the operations went out (a request preempted in the
+        schedule that gave it the block, an idle engine's blocks freed before any step) must
+        leave the maps -- the workers never mapped it -- rather than join the unmaps too,
+        where its map would win on the workers while the ledger counts it unbacked. Unbacked
+        and backed again before they went out, it stays mapped on the workers: neither
+        list."""
+        unmap = self.pending_unmap
+        for maps, blocks in ((self.pending_map, mapped), (self.pending_ahead, ahead)):
+            for b in blocks:
+                if b in unmap:  # the workers hold it mapped: it stays so
+                    del unmap[b]
+                else:
+                    maps[b] = None
         for b in unmapped:
             if b in self.pending_map:  # the workers never mapped it: nothing to undo
                 del self.pending_map[b]
+            elif b in self.pending_ahead:
+                del self.pending_ahead[b]
             else:
                 self.pending_unmap[b] = None
 
@@ -519,10 +534,12 @@ class SchedulerSide:
             self.busy = bool(unfinished())
             if self.busy and self.quiet.is_set():  # (clear() takes the event's lock)
                 self.quiet.clear()
-        # the target is at least KVPLAN_RESERVE unless an idle member's reserve yields
+        # an engine gone idle keeps only KVPLAN_RESERVE (the target is at least that unless an
+        # idle member's reserve yields); a busy one trims its reserve to the target when it
+        # trims anyway (blocks freed, a limit), not each time its demand's window moves on
         over = self.reserve_bytes > (self.reserve if self.group is None else 0)
-        if over and self.reserve_bytes > self.reserve_target():
-            self.dirty = True  # an engine gone idle keeps only KVPLAN_RESERVE
+        if over and not self.busy and self.reserve_bytes > self.reserve_target():
+            self.dirty = True
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
             return
@@ -564,68 +581,31 @@ class SchedulerSide:
         self.reserve_bytes = result.reserve_bytes
         self.dirty = False
 
-    # -- mapping ahead (an idle engine: ``_reclaim``) ----------------------------------------
-    def wants_ahead(self) -> bool:
-        """The reserve is short and the limit has room: an idle engine should map ahead
-        (asked again only once the pool changed)."""
-        if self.reserve <= self.reserve_bytes or self.ahead_version == self.version:
-            return False
-        if self.reserve_yields():
-            return False
-        if self.ceiling is not None or time.monotonic() < self.ahead_retry_at:
-            return False
-        cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
-        return self.headroom() >= cost
-
-    def map_ahead(self) -> list[int]:
-        """Back free blocks ahead of need, up to the reserve (``KVPLAN_RESERVE``) and never
-        beyond the effective limit (the group's grant included): the blocks at the front of
-        vLLM's free queue, which it hands out next, so the next request's first blocks are
-        backed before it arrives. The blocks join the next operations' maps (the idle
-        engine's, sent to every rank between steps); vLLM's pool is not touched. The blocks
-        backed."""
-        from kvplan.elastic.ledger import admit
-
-        self.ahead_version = self.version
-        room = min(self.reserve - self.reserve_bytes, self.headroom())
-        if room <= 0 or self.ceiling is not None:
-            return []
-        blocks = self.pool.blocks
-        order = (b for b in self.free_ids() if b != 0 and blocks[b].block_hash is None)
-        picks = [b for b in admit(self.ledger, order, room) if b not in self.ledger.backed]
-        before = self.ledger.mapped_bytes
-        self.backed(picks)
-        self.reserve_bytes += self.ledger.mapped_bytes - before
-        self.ahead_version = self.version
-        return picks
-
-    def ahead_failed(self, blocks: tuple[int, ...], why: str) -> None:
-        """Mapping ahead failed on a rank (rolled back there; the ranks that mapped unmap
-        again): the blocks are unbacked, nothing used them; no map ahead for
-        ``KVPLAN_MAP_RETRY`` seconds."""
-        before = self.ledger.mapped_bytes
-        self.ledger.unback(blocks)
-        self.reserve_bytes = max(0, self.reserve_bytes - (before - self.ledger.mapped_bytes))
-        self.version += 1
-        self.ahead_retry_at = time.monotonic() + self.settings.map_retry
-        logger.warning(
-            "kvplan: mapping %d blocks ahead failed (%s); nothing used them, the engine maps "
-            "them when a step needs them and tries again in %.1f s",
-            len(blocks), why, self.settings.map_retry,
-        )  # fmt: skip
+    def step_taken(self) -> int:
+        """The step is scheduled: what its allocations took joins :attr:`taken` (returned)."""
+        taking = self._taking
+        if taking:
+            self.taken.append(taking)
+            self._taking = 0
+        return taking
 
     def ops(self) -> ElasticOps | None:
-        """The operations for the step just scheduled (``None`` when nothing changed)."""
-        if self._taking:
-            self.taken.append(self._taking)
-            self._taking = 0
+        """The operations for the step just scheduled (``None`` when nothing changed and the
+        last operations mapped nothing ahead)."""
+        self.step_taken()
         pool = self.pool
         live = pool.num_gpu_blocks - 1 - pool.free_block_queue.num_free_blocks
         state = (
             live, self.cached_blocks, self.limit, self.cache_limit, self.reserve, self.floor,
             self.asked_limit, self.preempted,
         )  # fmt: skip
-        if not self.pending_map and not self.pending_unmap and state == self._last_sent:
+        if (
+            not self.pending_map
+            and not self.pending_unmap
+            and not self.pending_ahead
+            and not self.ahead_out  # the workers join that mapping with these operations
+            and state == self._last_sent
+        ):
             return None
         self.seq += 1
         ops = ElasticOps(
@@ -642,8 +622,10 @@ class SchedulerSide:
             floor_bytes=self.floor,
             asked_limit_bytes=self.asked_limit,
             over_limit_preemptions=self.preempted,
+            ahead=tuple(self.pending_ahead),
         )
-        self.pending_map, self.pending_unmap = {}, {}
+        self.pending_map, self.pending_unmap, self.pending_ahead = {}, {}, {}
+        self.joining, self.ahead_out = self.ahead_out, ops.ahead
         if self.step_unbacked:
             self.unconfirmed[ops.seq] = self.step_unbacked
             self.step_unbacked = 0

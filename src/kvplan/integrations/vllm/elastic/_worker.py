@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,9 +48,11 @@ class WorkerSide:
     digest: str
     backend: str
     count: Counter[str] = field(default_factory=Counter)
-    """``maps`` / ``unmaps`` (chunks), ``failed_maps``, ``rollbacks`` (chunks a failed map
+    """``maps`` / ``unmaps`` (chunks; ``ahead_maps``: of ``maps``, those mapped ahead of need,
+    outside a step), ``failed_maps``, ``rollbacks`` (chunks a failed map
     mapped and unmapped again: not unmaps, no block used them), ``steps`` (with operations),
-    ``map_calls`` (steps that mapped), ``ahead_calls`` (maps sent while the engine idled)."""
+    ``map_calls`` (steps that mapped), ``ahead_calls`` (maps sent while the engine idled),
+    ``busy_ahead_calls`` (maps ahead of a busy engine, on the mapping thread)."""
     seconds: dict[str, float] = field(default_factory=lambda: {"map": 0.0, "unmap": 0.0})
     """Time spent mapping (``map``) and unmapping (``unmap``)."""
     step_counts: dict[str, list[int]] = field(default_factory=dict)
@@ -65,14 +68,31 @@ class WorkerSide:
     pending_report: Any = None
     """A failed map's ``MapFailureReport`` this worker's next step output must carry to the
     scheduler (``_recovery``)."""
+    joined: bool = False
+    """The last operations joined a map ahead (every rank's did: they all received it)."""
+    step_blocks: tuple[int, ...] = ()
+    """What the last operations made resident: their maps and the blocks mapped ahead that
+    they joined (less their unmaps) -- what every rank releases when any rank failed."""
     _reporter: StatsReporter | None = None
+    _ahead: tuple[tuple[int, ...], Future[KVPlanError | None]] | None = None
+    """The blocks being mapped ahead, and the mapping's outcome (its error, if it failed)."""
+    _mapper: ThreadPoolExecutor | None = None
+    _fail_retry: bool = False
+    """``KVPLAN_DEBUG_FAIL_MAP`` failed a map ahead: its retry fails too."""
 
     def apply(self, ops: ElasticOps, *, between_steps: bool = False) -> None:
-        """Unmap, then map, ``ops`` (``MapFailed`` after a rolled-back map). ``between_steps``:
-        sent while the engine idles (``apply_between_steps``), not by a step. The test-only
-        ``KVPLAN_DEBUG_FAIL_MAP`` counts the maps of steps only (a failed map ahead is no
-        request's concern); ``KVPLAN_DEBUG_SKIP_MAP`` counts every map (a block mapped ahead
-        and left unbacked is used by a later step)."""
+        """Join the map ahead of the last operations, then unmap, then map, ``ops``
+        (``MapFailed`` after a rolled-back map). A map ahead that failed (rolled back) is
+        mapped again with ``ops.map``; when that fails, every block of :attr:`step_blocks`
+        is released here (and on every rank: ``agree_across_ranks``, or the idle engine's
+        undo). ``ops.ahead`` is not started here: :meth:`start_ahead`, once the ranks agreed.
+        ``between_steps``: sent while the engine idles (``apply_between_steps``), not by a
+        step. The test-only ``KVPLAN_DEBUG_FAIL_MAP`` counts the maps of steps (a busy
+        engine's maps ahead included), not an idle engine's maps ahead (no request's concern);
+        ``KVPLAN_DEBUG_SKIP_MAP`` counts every map (a block mapped ahead and left unbacked is
+        used by a later step)."""
+        joined, ahead_error = self.join_ahead()
+        fail_retry, self._fail_retry = self._fail_retry, False
         if not self.checked:
             if ops.digest != self.digest:
                 raise refusals.elastic_geometry(self.label, ops.digest, self.digest)
@@ -84,34 +104,39 @@ class WorkerSide:
             cache.release_blocks(ops.unmap)
             self.seconds["unmap"] += count_step(self.step_counts, "unmap", t0)
             self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
+            if joined:
+                gone = set(ops.unmap)
+                joined = tuple(b for b in joined if b not in gone)
+        self.joined = bool(joined)
+        self.step_blocks = ops.map + joined if joined else ops.map
         blocks = ops.map
+        if ahead_error is not None and joined:  # mapped again, with the step's own
+            blocks = self.step_blocks
         failed: MapFailed | None = None
         if blocks:
             self.count["ahead_calls" if between_steps else "map_calls"] += 1
-            injecting = not between_steps  # KVPLAN_DEBUG_FAIL_MAP: the N-th map of a step
-            every_map = self.count["map_calls"] + self.count["ahead_calls"]
-            if self.settings.skip_map == every_map:  # test-only: the N-th map of any kind
-                droppable = [b for b in blocks if b != 0]
-                if droppable:  # the first: a map ahead lists what vLLM hands out next first
-                    blocks = tuple(b for b in blocks if b != droppable[0])
-                    logger.warning(
-                        "kvplan: %s skips mapping block %d (KVPLAN_DEBUG_SKIP_MAP)",
-                        self.label, droppable[0],
-                    )  # fmt: skip
+            blocks = self._skipped(blocks)
             before = sum(cache.mapped_chunks.values())
             rolled = cache.rolled_back_chunks
             t0 = time.perf_counter()
             try:
-                if injecting:
-                    self._map(blocks)
-                else:
+                if between_steps:
                     cache.ensure_mapped(blocks)
+                else:
+                    self._map(blocks, self._injected() or fail_retry)
             except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
                 self.count["failed_maps"] += 1
                 self.count["rollbacks"] += cache.rolled_back_chunks - rolled
-                failed = MapFailed(ops.seq, blocks, exc)
+                if joined and ahead_error is None:  # mapped ahead: released as well
+                    mapped = sum(cache.mapped_chunks.values())
+                    cache.release_blocks(joined)
+                    self.count["rollbacks"] += mapped - sum(cache.mapped_chunks.values())
+                failed = MapFailed(ops.seq, self.step_blocks, exc)
             else:
-                self.count["maps"] += sum(cache.mapped_chunks.values()) - before
+                made = sum(cache.mapped_chunks.values()) - before
+                self.count["maps"] += made
+                if between_steps:
+                    self.count["ahead_maps"] += made
             finally:
                 self.seconds["map"] += count_step(self.step_counts, "map", t0)
         self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
@@ -121,9 +146,72 @@ class WorkerSide:
         if failed is not None:
             raise failed
 
-    def _map(self, blocks: tuple[int, ...]) -> None:
+    # -- mapping ahead while busy (``docs/elastic.md``) ----------------------------------------
+    def start_ahead(self, blocks: tuple[int, ...]) -> None:
+        """Map ``blocks`` (a busy engine's ``ElasticOps.ahead``) on this worker's mapping
+        thread while the step runs; :meth:`join_ahead` (the next :meth:`apply`) waits for it.
+        The cache's own lock keeps its calls whole; no other call of this worker maps or
+        unmaps before the join but an agreement's release, which runs before this starts."""
+        if not blocks:
+            return
+        self.count["busy_ahead_calls"] += 1
+        inject = self._injected()
+        mapped = self._skipped(blocks)
+        if self._mapper is None:
+            self._mapper = ThreadPoolExecutor(1, thread_name_prefix=f"kvplan-ahead-{self.label}")
+        self._ahead = (blocks, self._mapper.submit(self._map_ahead, mapped, inject))
+
+    def join_ahead(self) -> tuple[tuple[int, ...], KVPlanError | None]:
+        """Wait for the map ahead in flight: its blocks and, when it failed (rolled back: none
+        of them resident), why. ``((), None)`` when none is."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return (), None
+        blocks, outcome = ahead
+        return blocks, outcome.result()
+
+    def _map_ahead(self, blocks: tuple[int, ...], inject: bool) -> KVPlanError | None:
         cache = self.cache
-        if self.settings.fail_map != self.count["map_calls"]:
+        before = sum(cache.mapped_chunks.values())
+        rolled = cache.rolled_back_chunks
+        t0 = time.perf_counter()
+        try:
+            self._map(blocks, inject)
+        except KVPlanError as exc:
+            self.count["failed_maps"] += 1
+            self.count["rollbacks"] += cache.rolled_back_chunks - rolled
+            self._fail_retry = inject  # the injected failure: its retry fails too
+            return exc
+        finally:
+            self.seconds["map"] += time.perf_counter() - t0
+        made = sum(cache.mapped_chunks.values()) - before
+        self.count["maps"] += made
+        self.count["ahead_maps"] += made
+        return None
+
+    def _injected(self) -> bool:
+        """``KVPLAN_DEBUG_FAIL_MAP`` names the map being made (of a step, or ahead while
+        busy)."""
+        return self.settings.fail_map == self.count["map_calls"] + self.count["busy_ahead_calls"]
+
+    def _skipped(self, blocks: tuple[int, ...]) -> tuple[int, ...]:
+        """``blocks`` less the one ``KVPLAN_DEBUG_SKIP_MAP`` leaves unbacked when it names
+        this map (test-only: the N-th map of any kind)."""
+        every_map = sum(self.count[k] for k in ("map_calls", "ahead_calls", "busy_ahead_calls"))
+        if self.settings.skip_map != every_map:
+            return blocks
+        droppable = [b for b in blocks if b != 0]
+        if not droppable:
+            return blocks
+        # the first: a map ahead lists what vLLM hands out next first
+        logger.warning(
+            "kvplan: %s skips mapping block %d (KVPLAN_DEBUG_SKIP_MAP)", self.label, droppable[0]
+        )
+        return tuple(b for b in blocks if b != droppable[0])
+
+    def _map(self, blocks: tuple[int, ...], inject: bool) -> None:
+        cache = self.cache
+        if not inject:
             cache.ensure_mapped(blocks)
             return
         # test-only fault injection: granting access fails (per chunk: after the chunks were
@@ -133,7 +221,7 @@ class WorkerSide:
 
         logger.warning(
             "kvplan: %s fails map #%d on purpose (KVPLAN_DEBUG_FAIL_MAP)",
-            self.label, self.count["map_calls"],
+            self.label, self.count["map_calls"] + self.count["busy_ahead_calls"],
         )  # fmt: skip
         real = cache.backend
         cache.backend = FaultyBackend(real, fail_ops={"set_access", "map_run"})
@@ -186,6 +274,7 @@ class WorkerSide:
                 key: self.count[key]
                 for key in ("maps", "unmaps", "failed_maps", "rollbacks", "steps")
             },
+            ahead_maps=self.count["ahead_maps"],
             map_seconds=round(self.seconds["map"], 6),
             unmap_seconds=round(self.seconds["unmap"], 6),
             **{f"{k}_seconds_buckets": list(n) for k, n in list(self.step_counts.items())},
@@ -209,8 +298,11 @@ class WorkerSide:
             self.state = state
 
     def closed(self) -> None:
-        """The cache was closed: one last snapshot."""
+        """The cache was closed (its lock waited for a map ahead in flight): one last
+        snapshot; the mapping thread ends."""
         self.state = "closed"
+        if self._mapper is not None:
+            self._mapper.shutdown(wait=False)
         forget_exit_hook(self.exiting)
         if self._reporter is not None:
             self._reporter.stop()
