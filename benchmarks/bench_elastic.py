@@ -285,6 +285,7 @@ def engines(
     steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
     own: dict[str, dict[str, list[tuple[float, float]]]] = {}
     mapping: list[float] = []
+    in_step: dict[str, list[int]] = {}  # per elastic arm: maps not on the mapping thread
     for name, result in run.variants.items():
         if name == "warm-up":
             continue
@@ -299,8 +300,12 @@ def engines(
         stats = result["stats_files"].get("rank0.stats.json")
         if stats and arm == "elastic":  # kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
+        if stats:
+            in_step.setdefault(arm, []).append(sum(stats.get("map_seconds_buckets") or []))
     medians = {arm: statistics.median(t) for arm, t in times.items()}
     medians["elastic map+unmap"] = statistics.median(mapping)
+    for arm, counts in in_step.items():
+        medians[f"{arm} steps that mapped"] = statistics.median(counts)
     if timers is not None:
         for arm, keys in steps.items():
             timers[arm] = {key: statistics.median(ms) for key, ms in keys.items()}
@@ -461,12 +466,21 @@ def main() -> int:
     print("| arm | generate s | tokens/s | × eager throughput |")
     print("|---|---:|---:|---:|")
     mapping = medians.pop("elastic map+unmap")
+    mapped_in = {
+        k: medians.pop(k) for k in [k for k in medians if k.endswith(" steps that mapped")]
+    }
     for arm, seconds in medians.items():
         ratio = medians["eager"] / seconds
         print(f"| host-vmm {arm} | {seconds:.2f} | {toks / seconds:.0f} | {ratio:.2f} |")
     print(
         f"elastic: kvplan's map + unmap time in the worker {mapping * 1e3:.1f} ms per run (median)"
     )
+    for key, count in mapped_in.items():
+        arm = key.removesuffix(" steps that mapped")
+        print(
+            f"{arm}: {count:.0f} maps a run in a step or between steps, not on the worker's "
+            "mapping thread (median)"
+        )
     if timers is not None:
         print(f"where a run's time goes, ms per run ({args.tokens} steps; medians, timers on):")
         print("\n".join(step_table(timers, medians)))

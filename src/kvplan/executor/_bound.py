@@ -93,9 +93,10 @@ class BoundKVCache:
         return {name: len(m.mapped) for name, m in self._memory.items()}
 
     def mapped_chunk_ids(self) -> dict[str, tuple[int, ...]]:
-        """The mapped chunk numbers per pool (each pool's set copied at once: safe to call
-        from another thread, e.g. a stats reporter, while the owner maps)."""
-        return {name: tuple(m.mapped) for name, m in self._memory.items()}
+        """The mapped chunk numbers per pool, copied under the cache's lock: safe to call from
+        another thread, e.g. a stats reporter, while one maps (it waits for that call)."""
+        with self._lock:
+            return {name: tuple(m.mapped) for name, m in self._memory.items()}
 
     @property
     def mapped_blocks(self) -> frozenset[int]:
