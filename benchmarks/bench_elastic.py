@@ -297,7 +297,10 @@ def engines(
         for key, figures in result.get("handler_timers", {}).items():
             mine = own.setdefault(arm, {}).setdefault(key, [])
             mine.append((figures["seconds"] * 1e3, figures["calls"]))
-        stats = result["stats_files"].get("rank0.stats.json")
+        # the snapshot written when the engine closed: every count final (the last one the
+        # reporter wrote while it ran may be older than the run's last steps)
+        final = result.get("closed_stats_files") or result["stats_files"]
+        stats = final.get("rank0.stats.json")
         if stats and arm == "elastic":  # kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
         if stats:
