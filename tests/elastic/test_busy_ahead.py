@@ -225,22 +225,15 @@ def _ops(worker: worker_state.WorkerSide, seq: int, **fields: Any) -> ElasticOps
 
 
 def _failing_ahead(worker: worker_state.WorkerSide, times: int) -> None:
-    """The next ``times`` maps of ``worker`` fail granting access (rolled back)."""
+    """The next ``times`` maps of ``worker`` fail granting access and roll back (the worker's
+    own fault injection, whatever ``KVPLAN_DEBUG_FAIL_MAP`` says)."""
     real = worker._map
     left = [times]
 
     def flaky(blocks: tuple[int, ...], inject: bool) -> None:
-        if left[0] <= 0:
-            return real(blocks, inject)
+        inject = inject or left[0] > 0
         left[0] -= 1
-        cache = worker.cache
-        inner = cache.backend
-        cache.backend = FaultyBackend(inner, fail_ops={"set_access", "map_run"})
-        try:
-            cache.ensure_mapped(blocks)
-        finally:
-            cache.backend = inner
-        return None
+        return real(blocks, inject)
 
     worker._map = flaky  # type: ignore[method-assign]
 
