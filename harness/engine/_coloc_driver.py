@@ -64,8 +64,12 @@ class Recorder:
         self.free: list[int] = []
         """vLLM's own count at each of :attr:`counts` (free blocks of the whole pool)."""
         self.applies: list[list[float]] = []
-        """Elastic mode: every change of what the worker maps, ``[t0, t1, before, after]``
-        (unix seconds around the worker's unmap+map of a step, bytes before and after)."""
+        """Elastic mode: every change of what the worker maps in a step (or between steps),
+        ``[t0, t1, before, after]`` (unix seconds around the worker's unmap+map, bytes before
+        and after)."""
+        self.aheads: list[list[float]] = []
+        """The same for the busy engine's maps ahead, on the worker's mapping thread (off the
+        step)."""
         self.preempted: list[str] = []
         self.forced: list[str] = []
         """Requests preempted in this step before vLLM took any count: kvplan's own
@@ -210,22 +214,36 @@ _INSTALLED: list[bool] = []
 
 
 def _install() -> None:
-    """Wrap kvplan's ``WorkerSide.apply`` once (it reports to the current :class:`Recorder`):
-    every change of what the worker maps, with the time around it (elastic mode)."""
+    """Wrap kvplan's ``WorkerSide.apply`` and its map ahead on the worker's mapping thread once
+    (they report to the current :class:`Recorder`): every change of what the worker maps, with
+    the time around it (elastic mode). An ``apply`` that joins a map ahead is logged from
+    before it waits for that map, its ``before`` read once the map ended: over the wait the
+    logged bound is what the map ahead reached, never less than what was mapped."""
     from kvplan.integrations.vllm.elastic import _worker
 
-    apply = _worker.WorkerSide.apply
+    apply, map_ahead = _worker.WorkerSide.apply, _worker.WorkerSide._map_ahead
 
-    def logged_apply(side: Any, ops: Any, **kwargs: Any) -> None:
-        before, t0 = int(side.cache.mapped_bytes), time.time()
+    def logged(into: str, change: Any, side: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.time()
+        ahead = side._ahead if into == "applies" else None
+        if ahead is not None:  # apply joins it first: wait here (nothing is consumed), so
+            ahead[1].exception()  # ``before`` is after it and the interval covers the wait
+        before = int(side.cache.mapped_bytes)
         try:
-            apply(side, ops, **kwargs)
+            return change(side, *args, **kwargs)
         finally:
             after = int(side.cache.mapped_bytes)
-            if after != before:
-                _CURRENT[0].applies.append([t0, time.time(), before, after])
+            if after != before or ahead is not None:
+                getattr(_CURRENT[0], into).append([t0, time.time(), before, after])
+
+    def logged_apply(side: Any, ops: Any, **kwargs: Any) -> None:
+        logged("applies", apply, side, ops, **kwargs)
+
+    def logged_map_ahead(side: Any, blocks: Any, inject: bool) -> Any:
+        return logged("aheads", map_ahead, side, blocks, inject)
 
     _worker.WorkerSide.apply = logged_apply  # type: ignore[method-assign]
+    _worker.WorkerSide._map_ahead = logged_map_ahead  # type: ignore[method-assign]
 
 
 def external(request_id: str) -> str:
@@ -431,7 +449,10 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
     (control / f"{job['name']}.ready").write_text(json.dumps({"pid": os.getpid()}) + "\n")
 
     def flush(state: dict[str, Any]) -> None:
-        flushed = {"steps": recorder.steps, "applies": recorder.applies, "flushed_at": time.time()}
+        flushed = {
+            "steps": recorder.steps, "applies": recorder.applies, "aheads": recorder.aheads,
+            "flushed_at": time.time(),
+        }  # fmt: skip
         write({"serve": {**result, **state, **flushed}})
 
     served = serve(job, llm, recorder, control, flush)
@@ -439,6 +460,7 @@ def run_serve(job: dict[str, Any], control: Path, write: Any) -> dict[str, Any]:
         served,
         steps=recorder.steps,
         applies=recorder.applies,
+        aheads=recorder.aheads,
         preemptions=driver._PREEMPTIONS[0],
         ended=time.time(),
     )

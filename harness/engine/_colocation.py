@@ -449,9 +449,13 @@ class MappedLog:
 
 
 def log_of(served: dict[str, Any], died: float | None = None) -> MappedLog:
+    """An engine's :class:`MappedLog`: its steps' maps and its maps ahead (the worker's
+    mapping thread). A step's interval may start while a map ahead still runs (it waits for
+    it); its ``before`` is read once that map ended, so the bound holds over both."""
     end = died if died is not None else float(served.get("ended") or served["steps"][-1]["t"])
     known = float(served.get("ended") or served.get("flushed_at") or 0.0)
-    return MappedLog(served["applies"], float(served["started"]), end, known or end)
+    changes = served["applies"] + served.get("aheads", [])
+    return MappedLog(changes, float(served["started"]), end, known or end)
 
 
 def peak_sum(logs: dict[str, MappedLog]) -> tuple[int, float, int]:

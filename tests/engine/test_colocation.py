@@ -333,7 +333,10 @@ def test_the_group_never_maps_more_than_its_budget(scenario: Scenario) -> None:
     assert all(s["granted"] <= s["budget"] == BUDGET for s in samples.ledger)
     logs = _logs(scenario)
     peak, _, instants = co.peak_sum(logs)
-    assert instants > 50
+    # every rise of any engine's mapped bytes, its maps ahead on the worker's thread included
+    # (one of those serves several steps: fewer rises than steps that grew)
+    assert instants > 30
+    assert sum(len(scenario.served(n).get("aheads", [])) for n in ("gemma", "llama-2")) > 0
     assert BUDGET // 2 < peak <= BUDGET
     snaps = sum(len(v) for v in samples.stats.values())
     assert snaps > 30 and set(samples.stats) == {"llama-1", "gemma", "llama-2"}

@@ -150,8 +150,13 @@ def test_elastic_maps_a_few_chunks_not_the_reservation(
     assert figures["num_blocks"] == 256
     assert figures["reserved_bytes"] == 256 * BLOCK_BYTES[model]
     assert figures["chunk_bytes"] == 4096  # host-vmm: the OS page
-    # a round's blocks, the cached ones and the reserve: far below the 256 blocks reserved
-    assert 4 * BLOCK_BYTES[model] <= figures["peak_mapped_bytes"] <= figures["reserved_bytes"] // 4
+    # a round's blocks and the cached ones (at most a quarter of the 256 blocks reserved), and
+    # the reserve: while busy, the next step's blocks mapped ahead, at most KVPLAN_BUSY_RESERVE
+    # (a quarter of the limit by default) -- gemma-4's prefill takes about 40 blocks over its
+    # five groups, so that many are mapped ahead for the steps that follow
+    busy_reserve = figures["limit_bytes"] // 4
+    quarter = figures["reserved_bytes"] // 4
+    assert 4 * BLOCK_BYTES[model] <= figures["peak_mapped_bytes"] <= quarter + busy_reserve
     assert figures["maps"] > 0 and figures["map_seconds"] > 0 and figures["failed_maps"] == 0
     assert figures["limit_bytes"] == figures["reserved_bytes"]  # the default limit
     closed = stats(elastic_run(release, model), "elastic", closed=True)

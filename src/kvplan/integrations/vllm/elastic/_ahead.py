@@ -24,6 +24,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections import deque
     from collections.abc import Iterable, Iterator
 
     from kvplan.elastic.ledger import Ledger
@@ -40,6 +41,9 @@ class MappingAhead:
     pool: Any
     version: int
     reserve: int
+    busy_reserve: int
+    limit: int
+    taken: deque[int]
     reserve_bytes: int
     ceiling: int | None
     group_failed: bool
@@ -110,10 +114,21 @@ class MappingAhead:
             len(blocks), why, self.settings.map_retry,
         )  # fmt: skip
 
+    def ahead_target(self) -> int:
+        """Bytes a busy engine keeps backed at the front of vLLM's free queue: one step's
+        worth -- the most one of its last steps took (the look is renewed after every step
+        that hands blocks out) -- at least ``KVPLAN_RESERVE``, within ``KVPLAN_BUSY_RESERVE``
+        and the limit. (Freed pages are kept up to twice that: ``reserve_target``.)"""
+        if not self.taken:
+            return self.reserve
+        cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
+        demand = max(self.taken) * cost
+        return max(self.reserve, min(self.busy_reserve, demand, self.limit))
+
     def map_ahead_busy(self) -> None:
         """A busy engine's step is scheduled: back the free, uncached blocks among the next
-        ones vLLM hands out (the front of its free queue), as many as :meth:`reserve_target`
-        says a step and the next take, never beyond the effective limit (the group's grant
+        ones vLLM hands out (the front of its free queue), as many as :meth:`ahead_target`
+        says the next step may take, never beyond the effective limit (the group's grant
         included: it asks the group for nothing). They go out in the operations' ``ahead``:
         every worker maps them on its own thread while this step runs and joins that thread
         before its next operations (``docs/elastic.md``, "Mapping ahead while busy"). Called
@@ -124,7 +139,7 @@ class MappingAhead:
         ledger = self.ledger
         cost = ledger.uniform_block_cost or ledger.max_block_cost
         room = self.headroom()
-        target = self.reserve_target() // cost if room >= cost else 0
+        target = self.ahead_target() // cost if room >= cost else 0
         if target <= 0 or time.monotonic() < self.ahead_retry_at:
             return
 
