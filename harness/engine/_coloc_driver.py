@@ -221,11 +221,12 @@ def _install() -> None:
     logged bound is what the map ahead reached, never less than what was mapped."""
     from kvplan.integrations.vllm.elastic import _worker
 
-    apply, map_ahead = _worker.WorkerSide.apply, _worker.WorkerSide._map_ahead
+    apply = _worker.WorkerSide.apply
+    map_ahead = getattr(_worker.WorkerSide, "_map_ahead", None)  # None: a kvplan without it
 
     def logged(into: str, change: Any, side: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.time()
-        ahead = side._ahead if into == "applies" else None
+        ahead = getattr(side, "_ahead", None) if into == "applies" else None
         if ahead is not None:  # apply joins it first: wait here (nothing is consumed), so
             ahead[1].exception()  # ``before`` is after it and the interval covers the wait
         before = int(side.cache.mapped_bytes)
@@ -243,7 +244,8 @@ def _install() -> None:
         return logged("aheads", map_ahead, side, blocks, inject)
 
     _worker.WorkerSide.apply = logged_apply  # type: ignore[method-assign]
-    _worker.WorkerSide._map_ahead = logged_map_ahead  # type: ignore[method-assign]
+    if map_ahead is not None:
+        _worker.WorkerSide._map_ahead = logged_map_ahead  # type: ignore[method-assign]
 
 
 def external(request_id: str) -> str:
