@@ -246,12 +246,14 @@ def engines(
     handlers: dict[str, dict[str, dict[str, float]]] | None = None,
     in_step: bool = False,
     emulate: str | None = None,
+    maps: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Median generate seconds per arm (and kvplan's map + unmap in the worker); ``timers``:
     filled with each arm's median milliseconds per run in each of the step's functions
     (``harness.engine.driver.STEP_TIMERS``), the engines' timers on; ``handlers``: with the
     timers, each elastic arm's median milliseconds and calls per run in each of kvplan's own
-    handlers (``driver.HANDLER_TIMERS``)."""
+    handlers (``driver.HANDLER_TIMERS``); ``maps``: each elastic arm's median maps a run made
+    in a step or between steps, not on the worker's mapping thread."""
     from harness.engine import cases, harness
     from harness.engine._models import write_model
 
@@ -285,7 +287,7 @@ def engines(
     steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
     own: dict[str, dict[str, list[tuple[float, float]]]] = {}
     mapping: list[float] = []
-    in_step: dict[str, list[int]] = {}  # per elastic arm: maps not on the mapping thread
+    made: dict[str, list[int]] = {}  # per elastic arm: maps not on the mapping thread
     for name, result in run.variants.items():
         if name == "warm-up":
             continue
@@ -304,11 +306,11 @@ def engines(
         if stats and arm == "elastic":  # kvplan's own map + unmap time in the worker
             mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
         if stats:
-            in_step.setdefault(arm, []).append(sum(stats.get("map_seconds_buckets") or []))
+            made.setdefault(arm, []).append(sum(stats.get("map_seconds_buckets") or []))
     medians = {arm: statistics.median(t) for arm, t in times.items()}
     medians["elastic map+unmap"] = statistics.median(mapping)
-    for arm, counts in in_step.items():
-        medians[f"{arm} steps that mapped"] = statistics.median(counts)
+    if maps is not None:
+        maps.update({arm: statistics.median(counts) for arm, counts in made.items()})
     if timers is not None:
         for arm, keys in steps.items():
             timers[arm] = {key: statistics.median(ms) for key, ms in keys.items()}
@@ -455,8 +457,9 @@ def main() -> int:
         return 0
     timers: dict[str, dict[str, float]] | None = {} if args.step_timers else None
     handlers: dict[str, dict[str, dict[str, float]]] | None = {} if args.step_timers else None
+    maps: dict[str, float] = {}
     medians = engines(
-        args.rounds, args.tokens, args.twin, timers, handlers, args.in_step, args.emulate
+        args.rounds, args.tokens, args.twin, timers, handlers, args.in_step, args.emulate, maps
     )
     toks = 4 * args.tokens
     print(f"decode, 4 requests x {args.tokens} tokens, {args.rounds} rounds (medians, same run)")
@@ -469,17 +472,13 @@ def main() -> int:
     print("| arm | generate s | tokens/s | × eager throughput |")
     print("|---|---:|---:|---:|")
     mapping = medians.pop("elastic map+unmap")
-    mapped_in = {
-        k: medians.pop(k) for k in [k for k in medians if k.endswith(" steps that mapped")]
-    }
     for arm, seconds in medians.items():
         ratio = medians["eager"] / seconds
         print(f"| host-vmm {arm} | {seconds:.2f} | {toks / seconds:.0f} | {ratio:.2f} |")
     print(
         f"elastic: kvplan's map + unmap time in the worker {mapping * 1e3:.1f} ms per run (median)"
     )
-    for key, count in mapped_in.items():
-        arm = key.removesuffix(" steps that mapped")
+    for arm, count in maps.items():
         print(
             f"{arm}: {count:.0f} maps a run in a step or between steps, not on the worker's "
             "mapping thread (median)"

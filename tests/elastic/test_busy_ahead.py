@@ -283,7 +283,8 @@ def test_a_failed_map_ahead_is_mapped_again_with_the_next_step(failures: int) ->
                 worker.apply(nxt)
             assert failed.value.blocks == (6, 3, 4) == worker.step_blocks
             assert caches[0].mapped_blocks == {0, 1, 2}
-        assert worker.joined and worker.count["failed_maps"] == failures
+        assert worker.step_blocks == (6, 3, 4)  # joined the map ahead, less block 5
+        assert worker.count["failed_maps"] == failures
     finally:
         caches[0].close()
 

@@ -8,10 +8,10 @@ group's grant included):
 * **an idle engine** refills its reserve (``KVPLAN_RESERVE``): :meth:`MappingAhead.map_ahead`,
   from the watcher's reclaim (``_reclaim``), the blocks sent to every rank between steps in
   the operations' ``map``;
-* **a busy engine**, once its step is scheduled, backs what its next steps are likely to take
-  (:meth:`~kvplan.integrations.vllm.elastic._scheduler.SchedulerSide.reserve_target`):
-  :meth:`MappingAhead.map_ahead_busy`, the blocks sent in the operations' ``ahead``, which
-  every worker maps on a thread of its own while the step runs (``_worker``).
+* **a busy engine**, once a step that handed blocks out is scheduled, backs what its next
+  step may take (:meth:`MappingAhead.ahead_target`): :meth:`MappingAhead.map_ahead_busy`,
+  the blocks sent in the operations' ``ahead``, which every worker maps on a thread of its
+  own while the step runs (``_worker``).
 
 :class:`MappingAhead` is mixed into ``SchedulerSide``, whose state it reads.
 """

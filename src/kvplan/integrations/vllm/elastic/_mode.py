@@ -379,7 +379,7 @@ class ElasticMode:
             failed = exc
         # every rank got the same ops (and the same ``ahead`` before them): all of them
         # agree, or none
-        if ops.map or side.joined:
+        if side.step_blocks:  # it mapped, or joined a map ahead
             failed = recovery.agree_across_ranks(side, ops.seq, side.step_blocks, failed)
         side.start_ahead(ops.ahead)  # mapped on the worker's thread while the step runs
         if failed is None:

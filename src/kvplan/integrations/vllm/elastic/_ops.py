@@ -61,6 +61,16 @@ class ElasticOps:
     -- the scheduler always sends the step after one with ``ahead`` operations -- or an idle
     engine's), so they are resident before any step can use them."""
 
+    def joins(self, ahead: tuple[int, ...]) -> tuple[int, ...]:
+        """Of ``ahead`` (the previous operations' map ahead, which every rank joins before
+        applying these), the blocks these operations keep: less their unmaps. With their maps,
+        the blocks every rank holds after them and not before -- what every rank releases when
+        any rank could not back them."""
+        if not self.unmap:
+            return ahead
+        gone = set(self.unmap)
+        return tuple(b for b in ahead if b not in gone)
+
 
 def sampled_blocks(num_blocks: int) -> list[int]:
     if num_blocks <= 0:

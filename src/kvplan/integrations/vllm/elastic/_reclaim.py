@@ -104,8 +104,7 @@ def send(engine_core: Any, side: SchedulerSide, ops: Any) -> None:
 
     executor = engine_core.model_executor
     failures = [f for f in executor.collective_rpc(apply_between_steps, args=(ops,)) if f]
-    gone = set(ops.unmap)
-    blocks = ops.map + tuple(b for b in side.joining if b not in gone)
+    blocks = ops.map + ops.joins(side.joining)
     if not failures or not blocks:
         return
     side.ahead_failed(blocks, failures[0])

@@ -68,11 +68,10 @@ class WorkerSide:
     pending_report: Any = None
     """A failed map's ``MapFailureReport`` this worker's next step output must carry to the
     scheduler (``_recovery``)."""
-    joined: bool = False
-    """The last operations joined a map ahead (every rank's did: they all received it)."""
     step_blocks: tuple[int, ...] = ()
     """What the last operations made resident: their maps and the blocks mapped ahead that
-    they joined (less their unmaps) -- what every rank releases when any rank failed."""
+    they joined (``ElasticOps.joins``) -- what every rank releases when any rank failed; the
+    same on every rank (they all received the same operations)."""
     _reporter: StatsReporter | None = None
     _ahead: tuple[tuple[int, ...], Future[KVPlanError | None]] | None = None
     """The blocks being mapped ahead, and the mapping's outcome (its error, if it failed)."""
@@ -104,11 +103,8 @@ class WorkerSide:
             cache.release_blocks(ops.unmap)
             self.seconds["unmap"] += count_step(self.step_counts, "unmap", t0)
             self.count["unmaps"] += before - sum(cache.mapped_chunks.values())
-            if joined:
-                gone = set(ops.unmap)
-                joined = tuple(b for b in joined if b not in gone)
-        self.joined = bool(joined)
-        self.step_blocks = ops.map + joined if joined else ops.map
+        joined = ops.joins(joined)
+        self.step_blocks = ops.map + joined
         blocks = ops.map
         if ahead_error is not None and joined:  # mapped again, with the step's own
             blocks = self.step_blocks
@@ -116,29 +112,18 @@ class WorkerSide:
         if blocks:
             self.count["ahead_calls" if between_steps else "map_calls"] += 1
             blocks = self._skipped(blocks)
-            before = sum(cache.mapped_chunks.values())
-            rolled = cache.rolled_back_chunks
+            inject = not between_steps and (self._injected() or fail_retry)
             t0 = time.perf_counter()
             try:
-                if between_steps:
-                    cache.ensure_mapped(blocks)
-                else:
-                    self._map(blocks, self._injected() or fail_retry)
-            except KVPlanError as exc:  # rolled back: none of ``blocks`` became resident
-                self.count["failed_maps"] += 1
-                self.count["rollbacks"] += cache.rolled_back_chunks - rolled
+                error = self._counted_map(blocks, inject, ahead=between_steps)
+            finally:
+                self.seconds["map"] += count_step(self.step_counts, "map", t0)
+            if error is not None:  # rolled back: none of ``blocks`` became resident
                 if joined and ahead_error is None:  # mapped ahead: released as well
                     mapped = sum(cache.mapped_chunks.values())
                     cache.release_blocks(joined)
                     self.count["rollbacks"] += mapped - sum(cache.mapped_chunks.values())
-                failed = MapFailed(ops.seq, self.step_blocks, exc)
-            else:
-                made = sum(cache.mapped_chunks.values()) - before
-                self.count["maps"] += made
-                if between_steps:
-                    self.count["ahead_maps"] += made
-            finally:
-                self.seconds["map"] += count_step(self.step_counts, "map", t0)
+                failed = MapFailed(ops.seq, self.step_blocks, error)
         self.scheduler = {key: getattr(ops, key) for key in SCHEDULER_FIGURES}
         self.count["idle_ops" if between_steps else "steps"] += 1
         self.state = "running"
@@ -171,22 +156,33 @@ class WorkerSide:
         return blocks, outcome.result()
 
     def _map_ahead(self, blocks: tuple[int, ...], inject: bool) -> KVPlanError | None:
+        t0 = time.perf_counter()
+        try:
+            error = self._counted_map(blocks, inject, ahead=True)
+        finally:
+            self.seconds["map"] += time.perf_counter() - t0
+        self._fail_retry = inject and error is not None  # injected: its retry fails too
+        return error
+
+    def _counted_map(
+        self, blocks: tuple[int, ...], inject: bool, *, ahead: bool
+    ) -> KVPlanError | None:
+        """Map ``blocks`` (``inject``: the test-only failure) and count it: the chunks mapped
+        (``ahead``: as mapped ahead of need too), or the failure and its rollback. The error
+        when it failed (rolled back: none of ``blocks`` resident), else ``None``."""
         cache = self.cache
         before = sum(cache.mapped_chunks.values())
         rolled = cache.rolled_back_chunks
-        t0 = time.perf_counter()
         try:
             self._map(blocks, inject)
         except KVPlanError as exc:
             self.count["failed_maps"] += 1
             self.count["rollbacks"] += cache.rolled_back_chunks - rolled
-            self._fail_retry = inject  # the injected failure: its retry fails too
             return exc
-        finally:
-            self.seconds["map"] += time.perf_counter() - t0
         made = sum(cache.mapped_chunks.values()) - before
         self.count["maps"] += made
-        self.count["ahead_maps"] += made
+        if ahead:
+            self.count["ahead_maps"] += made
         return None
 
     def _injected(self) -> bool:
