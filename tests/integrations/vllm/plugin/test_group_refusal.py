@@ -1,5 +1,6 @@
 """A group member the group cannot take is refused as the plugin registers — before vLLM
-loads a model — with the join's own ``KVP542`` (led by ``KVP501``), and nothing patched."""
+loads a model — with the join's own ``KVP542`` (led by ``KVP501``), and nothing patched; an
+engine on several nodes (``KVP548``) before its executor starts a worker."""
 
 from __future__ import annotations
 
@@ -73,3 +74,49 @@ def test_an_engine_on_several_nodes_cannot_join_a_group(tmp_path: Path, nnodes: 
     check_one_host(settings, nodes_of(SimpleNamespace(parallel_config=SimpleNamespace())))
     check_one_host(ElasticSettings(), nnodes)  # no group: nothing to refuse
     assert not (tmp_path / "group").exists()
+
+
+def test_the_executor_of_an_engine_on_two_nodes_starts_no_worker_in_a_group(
+    load_plugin: LoadPlugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM 0.33's own ``Executor.__init__``, wrapped: with ``KVPLAN_GROUP`` and two nodes it
+    refuses before ``_init_executor`` (which starts the workers); on one node it goes on."""
+    from types import SimpleNamespace
+
+    from vllm.v1.executor.abstract import Executor
+
+    group = tmp_path / "group"
+    group.mkdir()
+    set_budget(group, 8 * MiB, create=True)
+    monkeypatch.setenv("KVPLAN_GROUP", str(group))
+    monkeypatch.setenv("KVPLAN_ENGINE_NAME", "two-nodes")
+    started: list[int] = []
+
+    class Recording(Executor):
+        def _init_executor(self) -> None:
+            started.append(self.parallel_config.nnodes)
+
+        def collective_rpc(self, *args: object, **kwargs: object) -> list[object]:
+            return []
+
+        def check_health(self) -> None:
+            return None
+
+    def config(nnodes: int) -> object:
+        fields = ("model", "cache", "lora", "load", "scheduler", "device", "speculative")
+        return SimpleNamespace(
+            parallel_config=SimpleNamespace(nnodes=nnodes),
+            observability_config=None,
+            **{f"{name}_config": None for name in fields},
+        )
+
+    load_plugin("host-vmm", mode="elastic")
+    with pytest.raises(KVPlanError) as refused:
+        Recording(config(2))  # type: ignore[arg-type]
+    assert [d.code for d in refused.value.diagnostics] == [
+        Code.INTEGRATION,
+        Code.GROUP_SPANS_NODES,
+    ]
+    assert started == []  # no worker was started
+    Recording(config(1))  # type: ignore[arg-type]
+    assert started == [1]

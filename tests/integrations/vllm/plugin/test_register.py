@@ -74,6 +74,7 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
         "vllm.v1.worker.gpu_worker.request_memory",
         "vllm.v1.worker.gpu_worker.Worker.determine_available_memory",
         "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory",
+        "vllm.v1.executor.abstract.Executor.__init__",
         "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
         "vllm.v1.engine.core.EngineCore.shutdown",
         "vllm.v1.engine.core.EngineCoreProc._handle_client_request",

@@ -121,6 +121,7 @@ class ElasticMode:
                 self.settings, runtime, call
             ),
             "elastic/request-memory": request_memory,
+            "elastic/executor-init": self.executor_init,
             "elastic/initialize-kv-caches": self.initialize_kv_caches,
             "elastic/shutdown": self.shutdown,
             "elastic/rank-configs": self.record_rank_configs,
@@ -179,6 +180,17 @@ class ElasticMode:
         return self.settings.as_dict()
 
     # -- handlers of the adapters' elastic targets ----------------------------------------
+
+    def executor_init(self, runtime: Runtime, call: Call) -> Any:
+        """``Executor.__init__``: refuse what the engine's config alone rules out (``KVP548``:
+        an engine on several nodes in a group) before vLLM starts a worker. Refused after the
+        model loaded, vLLM had to stop workers on two nodes from a failed start-up, which did
+        not always return (a CI run hung there)."""
+        try:
+            group.check_one_host(self.settings, group.nodes_of(call.arguments["vllm_config"]))
+        except KVPlanError as exc:
+            raise runtime.refuse(exc) from None
+        return call.run()
 
     def initialize_kv_caches(self, runtime: Runtime, call: Call) -> Any:
         """``EngineCore._initialize_kv_caches(vllm_config)``: the config the next handler needs
@@ -381,7 +393,7 @@ class ElasticMode:
         # agree, or none
         if side.step_blocks:  # it mapped, or joined a map ahead
             failed = recovery.agree_across_ranks(side, ops.seq, side.step_blocks, failed)
-        side.start_ahead(ops.ahead)  # mapped on the worker's thread while the step runs
+        side.start_ahead(ops.ahead)  # on a thread while the step runs, where the backend can
         if failed is None:
             return
         try:

@@ -111,6 +111,13 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (0.29-0.31: v0_31.ELASTI
         "elastic/capacity-cpu", None, ("kv_cache_memory_bytes",),
     ),
     Target(
+        "vllm.v1.executor.abstract", "Executor.__init__", ("self", "vllm_config"), ELASTIC,
+        "elastic: what the engine's config alone refuses (an engine on several nodes in a "
+        "group), before the executor starts a worker (the engine core loads plugins in its "
+        "own __init__: too late to wrap that)", "elastic/executor-init", None,
+        ("_init_executor",),
+    ),
+    Target(
         "vllm.v1.engine.core", "EngineCore._initialize_kv_caches", ("self", "vllm_config"),
         ELASTIC, "elastic: the engine's config, so the memory limit is checked against the "
         "floor before the KV cache is allocated and the model compiled",
