@@ -37,13 +37,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-_KVPLAN_VARS = (
-    "KVPLAN_ENABLE", "KVPLAN_BACKEND", "KVPLAN_MODE", "KVPLAN_DUMP_DIR", "KVPLAN_MEMORY_LIMIT",
-    "KVPLAN_CACHE_LIMIT", "KVPLAN_RESERVE", "KVPLAN_BUSY_RESERVE", "KVPLAN_POISON",
-    "KVPLAN_DEBUG_SKIP_MAP", "KVPLAN_DEBUG_FAIL_MAP", "KVPLAN_MAP_RETRY",
-    "KVPLAN_HOST_VMM_LATENCY",
-)  # fmt: skip
-
 _PREEMPTIONS: list[int] = [0]
 
 
@@ -325,7 +318,10 @@ def install_reported_map_failure(on: bool) -> None:
 
 
 def _set_env(env: dict[str, str]) -> None:
-    for key in (*_KVPLAN_VARS, "KVPLAN_STRICT", HOOKS_ENV):
+    """The variant's environment: every ``KVPLAN_*`` setting of the variant before it gone
+    (a list of the names to clear went stale twice: a new setting leaked into every later
+    engine of the driver), then ``env``."""
+    for key in [k for k in os.environ if k.startswith("KVPLAN_")] + [HOOKS_ENV]:
         os.environ.pop(key, None)
     os.environ.update(env)
 
