@@ -2,7 +2,7 @@
 """Elastic serving benchmark: decode throughput vs eager, and kvplan's cost per step.
 
     python benchmarks/bench_elastic.py [--rounds 3] [--tokens 64] [--steps 20000] [--micro-only]
-        [--twin] [--in-step] [--emulate h100] [--step-timers]
+        [--twin] [--in-step] [--ahead] [--emulate h100] [--step-timers]
 
 1. **Per-step cost when nothing new is mapped** (in this process, the suite's vLLM): the three
    elastic handlers a step runs — ``Scheduler.schedule``'s (give back, attach operations),
@@ -17,8 +17,10 @@
    ``--twin`` adds ``eager-twin`` (host-vmm eager again, its own engines): the A/A control,
    whose ratio is what the measure gives when nothing differs. ``--in-step`` adds
    ``elastic-in-step``: elastic with nothing mapped ahead (``KVPLAN_RESERVE=0``,
-   ``KVPLAN_BUSY_RESERVE=0``), every block mapped inside the step that hands it out -- what
-   the busy engine's map ahead, on the worker's thread, takes out of the step. ``--emulate
+   ``KVPLAN_BUSY_RESERVE=0``), every block mapped inside the step that hands it out, not even
+   an idle engine's reserve ahead. ``--ahead`` adds ``elastic-ahead``: a busy engine maps its
+   next blocks ahead on the workers' threads (``KVPLAN_BUSY_AHEAD=1``; host-vmm's default is
+   off, its maps taking the forward's CPU; on with ``--emulate``). ``--emulate
    h100`` makes host-vmm wait in the elastic arms as kvcached's H100 figures say a GPU's driver
    calls would (``KVPLAN_HOST_VMM_LATENCY``; an EMULATION, not a GPU measurement: the waits
    sleep, so a map ahead overlaps the forward as a GPU's would). ``--step-timers`` says where
@@ -247,19 +249,21 @@ def engines(
     in_step: bool = False,
     emulate: str | None = None,
     maps: dict[str, float] | None = None,
+    ahead: bool = False,
 ) -> dict[str, float]:
     """Median generate seconds per arm (and kvplan's map + unmap in the worker); ``timers``:
     filled with each arm's median milliseconds per run in each of the step's functions
     (``harness.engine.driver.STEP_TIMERS``), the engines' timers on; ``handlers``: with the
     timers, each elastic arm's median milliseconds and calls per run in each of kvplan's own
     handlers (``driver.HANDLER_TIMERS``); ``maps``: each elastic arm's median maps a run made
-    in a step or between steps, not on the worker's mapping thread."""
+    in a step or between steps (not ahead of a busy engine's steps)."""
     from harness.engine import cases, harness
     from harness.engine._models import write_model
 
     python = harness.ensure_engine_env(lambda m: print(m, file=sys.stderr))
     names = [
         "eager", "elastic", *(["elastic-in-step"] if in_step else []),
+        *(["elastic-ahead"] if ahead else []),
         *(["eager-twin"] if twin else []),
     ]  # fmt: skip
     prompt = [(7 * i) % 500 + 3 for i in range(80)]
@@ -268,8 +272,10 @@ def engines(
         work = Path(tmp)
 
         def env(arm: str, name: str) -> dict[str, str]:
-            mode = arm.removesuffix("-twin").removesuffix("-in-step")
+            mode = arm.removesuffix("-twin").removesuffix("-in-step").removesuffix("-ahead")
             extra = dict(cases.IN_STEP) if arm.endswith("-in-step") else {}
+            if arm.endswith("-ahead"):
+                extra.update(cases.BUSY_AHEAD)
             if emulate and mode == "elastic":
                 extra["KVPLAN_HOST_VMM_LATENCY"] = emulate
             return harness.kvplan_env("host-vmm", mode, work / name, **extra)
@@ -286,8 +292,8 @@ def engines(
     times: dict[str, list[float]] = {arm: [] for arm in names}
     steps: dict[str, dict[str, list[float]]] = {arm: {} for arm in names}
     own: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    mapping: list[float] = []
-    made: dict[str, list[int]] = {}  # per elastic arm: maps not on the mapping thread
+    mapping: dict[str, list[float]] = {}  # per elastic arm: map + unmap seconds
+    made: dict[str, list[int]] = {}  # per elastic arm: maps not made ahead while busy
     for name, result in run.variants.items():
         if name == "warm-up":
             continue
@@ -303,12 +309,13 @@ def engines(
         # reporter wrote while it ran may be older than the run's last steps)
         final = result.get("closed_stats_files") or result["stats_files"]
         stats = final.get("rank0.stats.json")
-        if stats and arm == "elastic":  # kvplan's own map + unmap time in the worker
-            mapping.append(stats["map_seconds"] + stats["unmap_seconds"])
-        if stats:
+        if stats:  # kvplan's own map + unmap time in the worker
+            spent = stats["map_seconds"] + stats["unmap_seconds"]
+            mapping.setdefault(arm, []).append(spent)
             made.setdefault(arm, []).append(sum(stats.get("map_seconds_buckets") or []))
     medians = {arm: statistics.median(t) for arm, t in times.items()}
-    medians["elastic map+unmap"] = statistics.median(mapping)
+    for arm, spent in mapping.items():
+        medians[f"{arm} map+unmap"] = statistics.median(spent)
     if maps is not None:
         maps.update({arm: statistics.median(counts) for arm, counts in made.items()})
     if timers is not None:
@@ -420,6 +427,11 @@ def main() -> int:
         "--in-step", action="store_true", help="add elastic-in-step: nothing mapped ahead"
     )
     parser.add_argument(
+        "--ahead",
+        action="store_true",
+        help="add elastic-ahead: a busy engine maps ahead on the workers' threads",
+    )
+    parser.add_argument(
         "--emulate",
         help="KVPLAN_HOST_VMM_LATENCY for the elastic arms (h100, a100, map=US,...): EMULATED "
         "device latency, not a GPU measurement",
@@ -459,7 +471,15 @@ def main() -> int:
     handlers: dict[str, dict[str, dict[str, float]]] | None = {} if args.step_timers else None
     maps: dict[str, float] = {}
     medians = engines(
-        args.rounds, args.tokens, args.twin, timers, handlers, args.in_step, args.emulate, maps
+        args.rounds,
+        args.tokens,
+        args.twin,
+        timers,
+        handlers,
+        args.in_step,
+        args.emulate,
+        maps,
+        args.ahead,
     )
     toks = 4 * args.tokens
     print(f"decode, 4 requests x {args.tokens} tokens, {args.rounds} rounds (medians, same run)")
@@ -471,17 +491,15 @@ def main() -> int:
         )
     print("| arm | generate s | tokens/s | × eager throughput |")
     print("|---|---:|---:|---:|")
-    mapping = medians.pop("elastic map+unmap")
+    mapping = {k.split()[0]: medians.pop(k) for k in list(medians) if k.endswith(" map+unmap")}
     for arm, seconds in medians.items():
         ratio = medians["eager"] / seconds
         print(f"| host-vmm {arm} | {seconds:.2f} | {toks / seconds:.0f} | {ratio:.2f} |")
-    print(
-        f"elastic: kvplan's map + unmap time in the worker {mapping * 1e3:.1f} ms per run (median)"
-    )
     for arm, count in maps.items():
         print(
-            f"{arm}: {count:.0f} maps a run in a step or between steps, not on the worker's "
-            "mapping thread (median)"
+            f"{arm}: kvplan's map + unmap time in the worker {mapping[arm] * 1e3:.1f} ms per "
+            f"engine; {count:.0f} maps in a step or between steps, not ahead while busy "
+            "(medians)"
         )
     if timers is not None:
         print(f"where a run's time goes, ms per run ({args.tokens} steps; medians, timers on):")

@@ -39,6 +39,12 @@ block is mapped inside the step that hands it out. The failed-map suites use the
 map ``KVPLAN_DEBUG_FAIL_MAP`` names is a step's own map of blocks requests use (a busy
 engine's map ahead and its failure: ``tests/engine/test_elastic.py``'s ``ahead-fails``)."""
 
+BUSY_AHEAD = {"KVPLAN_BUSY_AHEAD": "1"}
+"""A busy engine maps its next blocks ahead on each worker's thread. host-vmm's maps take the
+CPU the forward needs, so by default it maps a busy engine's blocks in the step that takes
+them; the CPU engines that test the map ahead's protocol (a block used before its map ahead
+joined would fault under ``KVPLAN_POISON=1``) turn it on."""
+
 ENGINE_ARGS = {
     "load_format": "dummy",
     "skip_tokenizer_init": True,

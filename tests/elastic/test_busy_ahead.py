@@ -100,6 +100,28 @@ def test_a_busy_engines_next_blocks_are_mapped_on_a_thread_while_the_step_runs()
         caches[0].close()
 
 
+def test_where_the_backend_does_not_map_beside_the_compute_a_step_maps_its_own_blocks() -> None:
+    """``busy_ahead`` off (host-vmm by default): nothing goes out in ``ahead``; the next step
+    maps the blocks it takes itself, and freed pages are still kept backed for reuse."""
+    pool, side, core, scheduler, caches = _engine(limit=32 * BLOCK)
+    side.busy_ahead = False
+    try:
+        held: list[Any] = []
+        scheduler.unfinished = 1
+        ops = step(side, core, scheduler, lambda: held.extend(pool.get_new_blocks(3)))
+        assert ops is not None and len(ops.map) == 3 and ops.ahead == ()
+        assert side.ledger.backed == {0, *ops.map}
+        grown = step(side, core, scheduler, lambda: held.extend(pool.get_new_blocks(2)))
+        assert grown is not None and len(grown.map) == 2 and grown.ahead == ()
+        pool.free_blocks(held[3:])  # freed while busy: kept backed, handed out first
+        again = step(side, core, scheduler, lambda: held.extend(pool.get_new_blocks(2)))
+        assert again is None or again.map == ()
+        assert caches[0].mapped_blocks == side.ledger.backed
+        assert sides_of(core)[0]._mapper is None  # no mapping thread was started
+    finally:
+        caches[0].close()
+
+
 def test_an_engine_that_is_not_busy_maps_nothing_ahead_in_its_steps() -> None:
     pool, side, core, scheduler, caches = _engine(limit=32 * BLOCK)
     try:

@@ -244,6 +244,10 @@ def test_debug_skip_map_counts_an_idle_engines_map_ahead_too() -> None:
             {"busy_reserve": 2 << 30, "reserve": None},
         ),
         ({"KVPLAN_BUSY_RESERVE": "0"}, {"busy_reserve": 0}),
+        ({}, {"busy_ahead": None, "device_latency": None}),
+        ({"KVPLAN_BUSY_AHEAD": "1"}, {"busy_ahead": True}),
+        ({"KVPLAN_BUSY_AHEAD": "off"}, {"busy_ahead": False}),
+        ({"KVPLAN_HOST_VMM_LATENCY": "h100"}, {"device_latency": "h100"}),
     ],
 )
 def test_settings(env: dict[str, str], fields: dict[str, Any]) -> None:
@@ -538,3 +542,27 @@ def test_over_limit_preemptions_reach_the_snapshot_and_metrics(tmp_path: Any) ->
     reader.add(EngineSource("tiny", "0", tmp_path))
     found = scrape(reader)
     assert only(found, "kvplan_kv_over_limit_preemptions_total", rank="0") == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "backend", "ahead"),
+    [
+        ({}, "host-vmm", False),  # its maps take the CPU the forward needs
+        ({}, "cuda-vmm", True),  # the GPU computes while the driver's calls wait
+        ({"KVPLAN_HOST_VMM_LATENCY": "h100"}, "host-vmm", True),  # sleeps, as a driver waits
+        ({"KVPLAN_BUSY_AHEAD": "1"}, "host-vmm", True),
+        ({"KVPLAN_BUSY_AHEAD": "0"}, "cuda-vmm", False),
+        ({"KVPLAN_BUSY_AHEAD": "0", "KVPLAN_HOST_VMM_LATENCY": "a100"}, "host-vmm", False),
+    ],
+)
+def test_a_busy_engine_maps_ahead_where_the_backend_maps_beside_the_compute(
+    env: dict[str, str], backend: str, ahead: bool
+) -> None:
+    settings, problems = read_elastic_settings(env)
+    assert problems == [] and settings.maps_ahead_busy(backend) is ahead
+
+
+def test_busy_ahead_is_on_or_off() -> None:
+    _settings, problems = read_elastic_settings({"KVPLAN_BUSY_AHEAD": "sometimes"})
+    (problem,) = problems
+    assert problem.code.value == "KVP501" and "KVPLAN_BUSY_AHEAD" in problem.message

@@ -61,6 +61,7 @@ import pytest
 
 from harness.engine import _colocation as co
 from harness.engine._models import write_model
+from harness.engine.cases import BUSY_AHEAD
 from kvplan.elastic.group import read_snapshot
 from kvplan.schemas.errors import KVPlanError
 
@@ -166,7 +167,9 @@ def _run(python: Path, work: Path, group: Path, engines: dict[str, co.Engine]) -
     def start(
         key: str, name: str, model: str, requests: list[dict[str, Any]], **kw: Any
     ) -> co.Engine:
-        env_extra = kw.pop("env", {})
+        # maps ahead while busy, on the workers' threads (off on host-vmm by default): the
+        # group's bound must hold with them
+        env_extra = {**BUSY_AHEAD, **kw.pop("env", {})}
         capacity = kw.pop("capacity", co.CAPACITY)
         env = co.group_env(name, dumps / key, group, budget=BUDGET, capacity=capacity, **env_extra)
         engine = {**ENGINE, **kw.pop("engine", {})}

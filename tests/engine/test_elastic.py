@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from harness.engine._models import BLOCK_SIZE, write_model
-from harness.engine.cases import ELASTIC_MODELS, ENGINE_ARGS, IN_STEP
+from harness.engine.cases import BUSY_AHEAD, ELASTIC_MODELS, ENGINE_ARGS, IN_STEP
 from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env, run_engines
 from tests.engine.conftest import EnginePython
 
@@ -57,7 +57,7 @@ FAILED_MAP = 2
 first round's prompts, the second a block requests grow into while decoding."""
 
 FAIL = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **IN_STEP}
-FAIL_AHEAD = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0"}
+FAIL_AHEAD = {"KVPLAN_DEBUG_FAIL_MAP": str(FAILED_MAP), "KVPLAN_MAP_RETRY": "0", **BUSY_AHEAD}
 """With the default reserves, map 2 is the busy engine's first map ahead (map 1: the part of
 the first round's prompts the idle reserve did not hold), made on the worker's mapping thread
 during the first step; it fails, and so does its retry in the second step."""
@@ -71,7 +71,7 @@ def variants(model: str, work: Path) -> list[Variant]:
 
     tight = FLOOR_BYTES[model] + TIGHT_EXTRA_BLOCKS * BLOCK_BYTES[model]
     return [
-        Variant("elastic", env("elastic", KVPLAN_POISON="1")),
+        Variant("elastic", env("elastic", KVPLAN_POISON="1", **BUSY_AHEAD)),
         Variant("vanilla"),
         Variant("drained", env("drained", KVPLAN_CACHE_LIMIT="0"), idle_step=True),
         Variant("tight", env("tight", KVPLAN_POISON="1", KVPLAN_MEMORY_LIMIT=str(tight))),
@@ -164,6 +164,20 @@ def test_elastic_maps_a_few_chunks_not_the_reservation(
     # most chunks were mapped ahead (the idle reserve, then the busy engine's next blocks on
     # the worker's thread), some in the steps (the first round's prompts beyond the reserve)
     assert closed["maps"] // 2 < closed["ahead_maps"] < closed["maps"]
+
+
+@pytest.mark.parametrize(("release", "model"), CASES)
+def test_host_vmm_maps_a_busy_engines_blocks_ahead_only_when_told(
+    release: str, model: str, elastic_run: Runs
+) -> None:
+    """host-vmm's maps take the CPU the forward needs: by default a busy engine's blocks are
+    mapped in the step that takes them (the ``tight`` engine); ``KVPLAN_BUSY_AHEAD=1`` maps
+    them ahead on the workers' threads (the ``elastic`` engine, above)."""
+    run = elastic_run(release, model)
+    ahead = "a busy engine's next blocks mapped ahead, beside the step"
+    in_step = "a busy engine's next blocks mapped in the step that takes them"
+    assert ahead in run.log_of("elastic") and in_step not in run.log_of("elastic")
+    assert in_step in run.log_of("tight") and ahead not in run.log_of("tight")
 
 
 @pytest.mark.parametrize(("release", "model"), CASES)

@@ -24,7 +24,7 @@ import pytest
 
 from harness.engine._nodes import NODE1_DUMP_SUFFIX
 from harness.engine._worker_hooks import HOOKS_ENV
-from harness.engine.cases import IN_STEP
+from harness.engine.cases import BUSY_AHEAD, IN_STEP
 from harness.engine.harness import EngineRun, RunsOnce, Variant, kvplan_env
 from kvplan.elastic.group import set_budget
 from tests.engine._multiproc import (
@@ -56,7 +56,10 @@ def tp_variants(work: Path) -> list[Variant]:
     return [
         Variant("vanilla"),
         Variant("torch-eager", env("torch", "eager", "dump-torch")),
-        Variant("host-vmm-elastic", env("host-vmm", "elastic", "dump-elastic", KVPLAN_POISON="1")),
+        Variant(  # the ranks join their maps ahead across the nodes
+            "host-vmm-elastic",
+            env("host-vmm", "elastic", "dump-elastic", KVPLAN_POISON="1", **BUSY_AHEAD),
+        ),
         Variant(
             "map-fails-on-node1",
             env("host-vmm", "elastic", "dump-fails", KVPLAN_MAP_RETRY="0", **hook),

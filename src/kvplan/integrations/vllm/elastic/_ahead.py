@@ -11,7 +11,8 @@ group's grant included):
 * **a busy engine**, once a step that handed blocks out is scheduled, backs what its next
   step may take (:meth:`MappingAhead.ahead_target`): :meth:`MappingAhead.map_ahead_busy`,
   the blocks sent in the operations' ``ahead``, which every worker maps on a thread of its
-  own while the step runs (``_worker``).
+  own while the step runs (``_worker``) -- where the backend maps beside the compute
+  (``ElasticSettings.maps_ahead_busy``; host-vmm's maps would take the forward's CPU).
 
 :class:`MappingAhead` is mixed into ``SchedulerSide``, whose state it reads.
 """
@@ -49,6 +50,7 @@ class MappingAhead:
     group_failed: bool
     ahead_version: int
     ahead_retry_at: float
+    busy_ahead: bool
 
     if TYPE_CHECKING:
 
@@ -133,8 +135,10 @@ class MappingAhead:
         every worker maps them on its own thread while this step runs and joins that thread
         before its next operations (``docs/elastic.md``, "Mapping ahead while busy"). Called
         after a step that handed blocks out (the front of the queue moved; blocks freed go to
-        the front backed); not after a failed map (``KVPLAN_MAP_RETRY``)."""
-        if self.ceiling is not None or self.group_failed:
+        the front backed); not after a failed map (``KVPLAN_MAP_RETRY``), nor where the
+        backend's maps would take the forward's own CPU (:attr:`busy_ahead`: off on host-vmm
+        unless it emulates a device or ``KVPLAN_BUSY_AHEAD=1``)."""
+        if not self.busy_ahead or self.ceiling is not None or self.group_failed:
             return
         ledger = self.ledger
         cost = ledger.uniform_block_cost or ledger.max_block_cost

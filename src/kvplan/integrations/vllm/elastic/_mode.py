@@ -267,7 +267,8 @@ class ElasticMode:
                         f"{pool.num_gpu_blocks}"
                     )
                 )
-            side = SchedulerSide(ledger, self.settings, pool, self.dump_dir)
+            ahead = self.settings.maps_ahead_busy(self.backend)
+            side = SchedulerSide(ledger, self.settings, pool, self.dump_dir, busy_ahead=ahead)
             side.floor = engine_floor(ledger, configs[0], call.arguments["vllm_config"])
             if side.limit < side.floor:
                 raise refusals.elastic_limit_too_small(side.limit, side.floor)
@@ -283,9 +284,10 @@ class ElasticMode:
             watcher.start()
         logger.info(
             "kvplan: elastic block pool: %d blocks, %d bytes reserved, limit %d, cache limit "
-            "%d, reserve %d, chunk %d bytes",
+            "%d, reserve %d, chunk %d bytes; a busy engine's next blocks mapped %s",
             ledger.num_blocks, ledger.reserved_bytes, side.limit, side.cache_limit,
             side.reserve, ledger.chunk_bytes,
+            "ahead, beside the step" if side.busy_ahead else "in the step that takes them",
         )  # fmt: skip
         return result
 
@@ -300,8 +302,8 @@ class ElasticMode:
             output = call.run()
             side.stepping = True  # until its output arrives (``update_from_output``)
             side.unservable_ids = unservable.pick(scheduler, side, output)
-            if side.step_taken() and side.busy:  # blocks went: back what the next steps take,
-                side.map_ahead_busy()  # mapped while this one runs
+            if side.step_taken() and side.busy:  # blocks went: back what the next step takes,
+                side.map_ahead_busy()  # mapped while this one computes (where the backend can)
             ops = side.ops()
             if ops is not None:
                 setattr(output, OPS_ATTR, ops)
@@ -393,7 +395,7 @@ class ElasticMode:
         # agree, or none
         if side.step_blocks:  # it mapped, or joined a map ahead
             failed = recovery.agree_across_ranks(side, ops.seq, side.step_blocks, failed)
-        side.start_ahead(ops.ahead)  # on a thread while the step runs, where the backend can
+        side.start_ahead(ops.ahead)  # mapped on the worker's thread while the step runs
         if failed is None:
             return
         try:

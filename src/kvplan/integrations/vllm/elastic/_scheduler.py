@@ -56,9 +56,18 @@ class SchedulerSide(MappingAhead):
     """The engine core's elastic state: ledger, budget, the operations of the next step."""
 
     def __init__(
-        self, ledger: Ledger, settings: ElasticSettings, pool: Any, dump_dir: Path | None
+        self,
+        ledger: Ledger,
+        settings: ElasticSettings,
+        pool: Any,
+        dump_dir: Path | None,
+        *,
+        busy_ahead: bool = True,
     ) -> None:
         self.ledger = ledger
+        self.busy_ahead = busy_ahead
+        """A busy engine maps its next blocks ahead (:meth:`map_ahead_busy`;
+        ``ElasticSettings.maps_ahead_busy``: where the backend maps beside the compute)."""
         self.settings = settings
         self.pool = pool
         self.dump_dir = dump_dir

@@ -1,5 +1,6 @@
 """Elastic mode's own settings: ``KVPLAN_MEMORY_LIMIT``, ``KVPLAN_CACHE_LIMIT``,
-``KVPLAN_RESERVE``, ``KVPLAN_BUSY_RESERVE``, ``KVPLAN_POISON``, ``KVPLAN_MAP_RETRY`` and the
+``KVPLAN_RESERVE``, ``KVPLAN_BUSY_RESERVE``, ``KVPLAN_BUSY_AHEAD``, ``KVPLAN_POISON``,
+``KVPLAN_MAP_RETRY`` and the
 test-only ``KVPLAN_DEBUG_SKIP_MAP`` / ``KVPLAN_DEBUG_FAIL_MAP`` (read here, handed to the plugin by
 :class:`~kvplan.integrations.vllm.elastic.ElasticMode`), and the defaults derived from them.
 """
@@ -20,6 +21,7 @@ ENV_CACHE_LIMIT = "KVPLAN_CACHE_LIMIT"
 ENV_RESERVE = "KVPLAN_RESERVE"
 ENV_BUSY_RESERVE = "KVPLAN_BUSY_RESERVE"
 ENV_POISON = "KVPLAN_POISON"
+ENV_BUSY_AHEAD = "KVPLAN_BUSY_AHEAD"
 ENV_DEBUG_SKIP_MAP = "KVPLAN_DEBUG_SKIP_MAP"
 ENV_DEBUG_FAIL_MAP = "KVPLAN_DEBUG_FAIL_MAP"
 ENV_MAP_RETRY = "KVPLAN_MAP_RETRY"
@@ -78,6 +80,12 @@ class ElasticSettings:
     busy_reserve: int | None = None
     """``KVPLAN_BUSY_RESERVE``: the most free pages a busy engine keeps backed, following what
     its steps take (``None``: the default; 0: the reserve is ``KVPLAN_RESERVE`` busy or not)."""
+    device_latency: str | None = None
+    """``KVPLAN_HOST_VMM_LATENCY``'s profile (``h100``, ``a100``, ``custom``): host-vmm emulates
+    a device's map latency, in sleeps that overlap the forward as a driver's waits would."""
+    busy_ahead: bool | None = None
+    """``KVPLAN_BUSY_AHEAD``: a busy engine maps its next blocks ahead on each worker's thread
+    (``None``, unset: where the backend maps beside the compute, :meth:`maps_ahead_busy`)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -94,7 +102,19 @@ class ElasticSettings:
             "debug_skip_map": self.skip_map,
             "debug_fail_map": self.fail_map,
             "map_retry": self.map_retry,
+            "device_latency": self.device_latency,
+            "busy_ahead": self.busy_ahead,
         }
+
+    def maps_ahead_busy(self, backend: str) -> bool:
+        """Whether a busy engine maps its next blocks ahead (``_ahead``): as
+        ``KVPLAN_BUSY_AHEAD`` says, else where ``backend``'s maps run beside a step's compute
+        (``BackendInfo.maps_beside_compute``: cuda-vmm; or host-vmm emulating a device)."""
+        if self.busy_ahead is not None:
+            return self.busy_ahead
+        from kvplan.executor.backends import backend_info
+
+        return backend_info(backend).maps_beside_compute or self.device_latency is not None
 
 
 def _size(env: Mapping[str, str], name: str, problems: list[Diagnostic]) -> int | None:
@@ -156,8 +176,14 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
     poison, bad_poison = flag(env, ENV_POISON)
     if bad_poison is not None:
         problems.append(bad_poison)
+    busy_ahead: bool | None = None
+    if env.get(ENV_BUSY_AHEAD, "").strip():
+        busy_ahead, bad_ahead = flag(env, ENV_BUSY_AHEAD)
+        if bad_ahead is not None:
+            problems.append(bad_ahead)
+    latency = None
     try:  # read by host-vmm itself when it is created: refused here, before any engine starts
-        latency_from(env)
+        latency = latency_from(env)
     except KVPlanError as exc:
         problems.extend(exc.diagnostics)
     skip = _map_number(env, ENV_DEBUG_SKIP_MAP, problems)
@@ -180,7 +206,8 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
                 )
     settings = ElasticSettings(
         limit, cache_limit, reserve, poison, skip, fail, retry, capacity, tokens,
-        group, budget, guarantee, busy_reserve,
+        group, budget, guarantee, busy_reserve, None if latency is None else latency.name,
+        busy_ahead,
     )  # fmt: skip
     return settings, problems
 
