@@ -566,3 +566,13 @@ def test_busy_ahead_is_on_or_off() -> None:
     _settings, problems = read_elastic_settings({"KVPLAN_BUSY_AHEAD": "sometimes"})
     (problem,) = problems
     assert problem.code.value == "KVP501" and "KVPLAN_BUSY_AHEAD" in problem.message
+
+
+def test_busy_ahead_with_no_reserve_to_map_ahead_in_is_refused() -> None:
+    env = {"KVPLAN_BUSY_AHEAD": "1", "KVPLAN_RESERVE": "0", "KVPLAN_BUSY_RESERVE": "0"}
+    _settings, problems = read_elastic_settings(env)
+    (problem,) = problems
+    assert problem.code.value == "KVP501" and problem.location == "KVPLAN_BUSY_AHEAD"
+    assert "nothing could be mapped ahead" in problem.message
+    for either in ({**env, "KVPLAN_RESERVE": "1MiB"}, {**env, "KVPLAN_BUSY_AHEAD": "0"}):
+        assert read_elastic_settings(either)[1] == []

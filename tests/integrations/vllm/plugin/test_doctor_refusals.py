@@ -5,6 +5,7 @@ used to pass the doctor (exit 0) while the engine refused it or ignored it."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ CASES: dict[str, tuple[dict[str, str], Callable[[Path], dict[str, str]], str]] =
     "cache limit 2PiB (elastic)": (ELASTIC, lambda _: {"KVPLAN_CACHE_LIMIT": "2PiB"}, "KVP501"),
     "reserve 2PiB (elastic)": (ELASTIC, lambda _: {"KVPLAN_RESERVE": "2PiB"}, "KVP501"),
     "busy reserve some (elastic)": (ELASTIC, lambda _: {"KVPLAN_BUSY_RESERVE": "some"}, "KVP501"),
+    "busy ahead often (elastic)": (ELASTIC, lambda _: {"KVPLAN_BUSY_AHEAD": "often"}, "KVP501"),
     "host-vmm latency profile fast (elastic)": (
         ELASTIC,
         lambda _: {"KVPLAN_HOST_VMM_LATENCY": "fast"},
@@ -47,13 +49,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name, value in (("VLLM_LOGGING_LEVEL", "ERROR"), ("TRANSFORMERS_VERBOSITY", "error"),
                         ("TORCH_LOGS", "-all")):  # fmt: skip
         monkeypatch.setenv(name, value)
-    for name in (
-        "KVPLAN_MEMORY_LIMIT",
-        "KVPLAN_CACHE_LIMIT",
-        "KVPLAN_RESERVE",
-        "KVPLAN_BUSY_RESERVE",
-        "KVPLAN_HOST_VMM_LATENCY",
-    ):
+    for name in [n for n in os.environ if n.startswith("KVPLAN_")]:  # each case sets its own
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 

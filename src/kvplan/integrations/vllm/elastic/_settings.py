@@ -181,6 +181,18 @@ def read_elastic_settings(env: Mapping[str, str]) -> tuple[ElasticSettings, list
         busy_ahead, bad_ahead = flag(env, ENV_BUSY_AHEAD)
         if bad_ahead is not None:
             problems.append(bad_ahead)
+        elif busy_ahead and reserve == 0 and busy_reserve == 0:  # it could map nothing
+            problems.append(
+                error(
+                    Code.INTEGRATION,
+                    ENV_BUSY_AHEAD,
+                    f"{ENV_BUSY_AHEAD}=1 maps a busy engine's next blocks ahead within "
+                    f"{ENV_BUSY_RESERVE} (at least {ENV_RESERVE}), and both are 0: nothing "
+                    "could be mapped ahead.",
+                    f"unset {ENV_BUSY_RESERVE} (its default: a quarter of the limit), or "
+                    f"unset {ENV_BUSY_AHEAD}",
+                )
+            )
     latency = None
     try:  # read by host-vmm itself when it is created: refused here, before any engine starts
         latency = latency_from(env)
