@@ -42,6 +42,9 @@ Checks:
   nothing left half-mapped.
 * ``map_in_step``: ``ensure_mapped`` of 8 new blocks per step for 64 steps, cold (the step maps)
   against mapped ahead (an earlier untimed call mapped them), median/p99 µs and the ratio.
+* ``beside``: the stand-in forward (square matmuls) per step alone, after mapping the step's 8
+  new blocks, and with the next step's blocks mapped on a thread while it computes (what
+  ``BackendInfo.maps_beside_compute`` claims for cuda-vmm): median step time and the ratios.
 * ``poison``: with ``unbacked="fault"`` a read of an unbacked block must kill the reader: a
   subprocess reads a mapped block (prints a marker) then an unmapped one (CUDA: an illegal
   address poisons the context; host-vmm: ``SIGSEGV``) and must fail, while a control
@@ -1013,6 +1016,91 @@ def check_map_in_step(run: Run, out: dict[str, Any]) -> None:
                 cold["median_us"] / max(arms[f"{pattern}/ahead_chunks"]["median_us"], 1e-3), 1
             )
     out["ratios"] = ratios
+    need(be.live().clean, f"resources left: {be.live()}")
+
+
+# -- beside: a step's maps on a thread while the device computes ----------------------------
+BESIDE_STEPS = 32
+BESIDE_MATMULS = 8
+"""A stand-in forward: this many square matmuls (GPU: 4096 fp16, about 1 ms each on an H100;
+CPU dry run: 192 fp32)."""
+
+
+@check
+def check_beside(run: Run, out: dict[str, Any]) -> None:
+    """What elastic serving's busy map ahead relies on for cuda-vmm
+    (``BackendInfo.maps_beside_compute``): a map made on another thread while the device
+    computes does not lengthen the step. Per step (wall time, medians): ``compute`` -- the
+    stand-in forward alone, launched and synchronized; ``in_step`` -- the step's 8 new blocks
+    (each on a chunk of its own, as a fresh engine's) mapped first, then the forward;
+    ``beside`` -- the forward launched, the *next* step's blocks mapped on a mapping thread
+    (as ``WorkerSide.start_ahead``), then synchronize and join. On a GPU ``beside`` should sit
+    near ``compute`` unless the driver's map calls wait for the device; on the CPU the maps
+    and the matmuls share the cores (a dry run: its figures mean nothing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    m = mods()
+    torch = m.torch
+    be = shared_backend(run)
+    chunk = chunk_bytes(run, be)
+    bpc = max(1, chunk // page_bytes(gemma_plan(64)))
+    k = MAP_BLOCKS_PER_STEP
+    plan = gemma_plan((3 * BESIDE_STEPS * k + 2) * bpc)
+    side = 4096 if run.cuda else 192
+    dtype = torch.float16 if run.cuda else torch.float32
+    a = torch.randn(side, side, device=run.device, dtype=dtype) / side**0.5  # stays finite
+
+    def forward() -> None:
+        x = a
+        for _ in range(BESIDE_MATMULS):
+            x = x @ a
+        if not run.cuda:
+            float(x[0, 0])  # the CPU computes as it launches
+
+    def blocks_of(arm: int, i: int) -> list[int]:  # fresh chunks for every arm and step
+        return [bpc * (1 + (arm * BESIDE_STEPS + i) * k + j) for j in range(k)]
+
+    forward()
+    sync(run)  # warm: cuBLAS handles, the allocator
+    arms: dict[str, Any] = {}
+    mapper = ThreadPoolExecutor(1, thread_name_prefix="kvplan-ahead-check")
+    try:
+        for n, arm in enumerate(("compute", "in_step", "beside")):
+            samples: list[int] = []
+            with m.apply(plan, backend=be, mode="elastic", chunk_size=run.sizes.chunk) as cache:
+                cache.ensure_mapped([0])
+                if arm == "beside":
+                    cache.ensure_mapped(blocks_of(n, 0))  # the first step's, mapped before
+                gc.collect()
+                gc.disable()
+                try:
+                    for i in range(BESIDE_STEPS):
+                        t0 = time.perf_counter_ns()
+                        if arm == "in_step":
+                            cache.ensure_mapped(blocks_of(n, i))
+                        forward()
+                        ahead = None
+                        if arm == "beside" and i + 1 < BESIDE_STEPS:
+                            ahead = mapper.submit(cache.ensure_mapped, blocks_of(n, i + 1))
+                        sync(run)
+                        if ahead is not None:
+                            ahead.result()
+                        samples.append(time.perf_counter_ns() - t0)
+                finally:
+                    gc.enable()
+                if arm != "compute":
+                    made = set(cache.mapped_blocks)
+                    need(all(set(blocks_of(n, i)) <= made for i in range(BESIDE_STEPS)),
+                         f"{arm}: a step's blocks were not mapped")  # fmt: skip
+            arms[arm] = stats_us(samples)
+            run.log(f"  {arm}: {arms[arm]}")
+    finally:
+        mapper.shutdown()
+    out.update(arms=arms, blocks_per_step=k, blocks_per_chunk=bpc, matmul_side=side)
+    base = max(arms["compute"]["median_us"], 1e-3)
+    out["median_over_compute"] = {
+        arm: round(arms[arm]["median_us"] / base, 3) for arm in ("in_step", "beside")
+    }
     need(be.live().clean, f"resources left: {be.live()}")
 
 

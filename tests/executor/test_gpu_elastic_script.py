@@ -15,7 +15,7 @@ from kvplan.executor.backends.host_vmm import HostVmmBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_elastic.py"
-CHECKS = {"environment", "kernels", "poison", "group", "map_in_step"}
+CHECKS = {"environment", "kernels", "poison", "group", "map_in_step", "beside"}
 
 
 @pytest.mark.skipif(HostVmmBackend.available() is not None, reason="host-vmm needs Linux memfd")
@@ -42,3 +42,4 @@ def test_every_check_passes_on_the_cpu(tmp_path: Path) -> None:
     assert checks["group"]["over_budget"] == []
     assert checks["group"]["beyond_free_memory"] == "skipped on cpu"
     assert set(checks["map_in_step"]["ratios"]) == {"sequential", "strided"}
+    assert set(checks["beside"]["median_over_compute"]) == {"in_step", "beside"}
