@@ -187,7 +187,7 @@ class ElasticMode:
         model loaded, vLLM had to stop workers on two nodes from a failed start-up, which did
         not always return (a CI run hung there)."""
         try:
-            group.check_one_host(self.settings, group.nodes_of(call.arguments["vllm_config"]))
+            group.check_one_host(self.settings, group.nodes_of(call.argument("vllm_config")))
         except KVPlanError as exc:
             raise runtime.refuse(exc) from None
         return call.run()
@@ -223,10 +223,10 @@ class ElasticMode:
         return call.run()
 
     def join_group(self, ledger: Ledger, floor: int, vllm_config: Any) -> None:
-        """Join ``KVPLAN_GROUP`` (once): before any worker maps its null block."""
+        """Join ``KVPLAN_GROUP`` (once): before any worker maps its null block. (An engine
+        on several nodes never gets here: :meth:`executor_init` refused it.)"""
         if self.settings.group is None or self.member is not None:
             return
-        group.check_one_host(self.settings, group.nodes_of(vllm_config))
         world = int(getattr(getattr(vllm_config, "parallel_config", None), "world_size", 1) or 1)
         self.member = group.join(
             self.settings,
