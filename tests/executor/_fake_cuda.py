@@ -42,6 +42,11 @@ class CUmemAllocationGranularity_flags:
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
 
 
+class CUstream_flags:
+    CU_STREAM_DEFAULT = 0
+    CU_STREAM_NON_BLOCKING = 1
+
+
 def CUmemAllocationProp() -> Any:
     return SimpleNamespace(type=None, location=SimpleNamespace(type=None, id=None))
 
@@ -70,6 +75,7 @@ class FakeDriver:
     CUmemLocationType = CUmemLocationType
     CUmemAccess_flags = CUmemAccess_flags
     CUmemAllocationGranularity_flags = CUmemAllocationGranularity_flags
+    CUstream_flags = CUstream_flags
     CUmemAllocationProp = staticmethod(CUmemAllocationProp)
     CUmemAccessDesc = staticmethod(CUmemAccessDesc)
     CUstream = staticmethod(CUstream)
@@ -86,6 +92,8 @@ class FakeDriver:
         self.contents: dict[int, bytes] = {}  # handle -> written bytes (memset only)
         self._next_va = 1 << 40
         self._next_handle = 1
+        self.streams: dict[int, int] = {}  # stream -> flags (live streams)
+        self._next_stream = 7001
 
     # -- bookkeeping --------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> bool:
@@ -260,8 +268,26 @@ class FakeDriver:
             self.contents[m.handle] = bytes([value])
         return (SUCCESS,)
 
+    def cuStreamCreate(self, flags: int) -> tuple[int, int]:
+        if self._call("cuStreamCreate", flags) or not isinstance(flags, int):
+            return (INVALID_VALUE, 0)
+        stream, self._next_stream = self._next_stream, self._next_stream + 1
+        self.streams[stream] = flags
+        return (SUCCESS, stream)
+
+    def cuStreamSynchronize(self, stream: int) -> tuple[int]:
+        if self._call("cuStreamSynchronize", stream) or stream not in self.streams:
+            return (INVALID_VALUE,)
+        return (SUCCESS,)
+
+    def cuStreamDestroy(self, stream: int) -> tuple[int]:
+        if self._call("cuStreamDestroy", stream) or stream not in self.streams:
+            return (INVALID_VALUE,)
+        del self.streams[stream]
+        return (SUCCESS,)
+
     def cuMemsetD8Async(self, address: int, value: int, size: int, stream: int) -> tuple[int]:
-        if self._call("cuMemsetD8Async", address, size):
+        if self._call("cuMemsetD8Async", address, size, stream):
             return (INVALID_VALUE,)
         return (SUCCESS,) if self._writable(address, size) is not None else (INVALID_VALUE,)
 

@@ -82,6 +82,7 @@ def test_every_primitive_is_counted_once() -> None:
     backend.set_access(address, 1 << 16)
     backend.zero(address, 1 << 16)
     backend.synchronize()
+    backend.wait_zeroed()
     assert backend.wrap(address, 1 << 16).numel() == 1 << 16
     backend.unmap(address, 1 << 16)
     backend.release(handle)

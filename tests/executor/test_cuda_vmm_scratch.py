@@ -271,3 +271,33 @@ def test_scratch_option_reaches_the_backend_through_apply(
         assert isinstance(be, CudaVmmBackend) and be.unbacked == "scratch"
         assert be.scratch_live() == (1, 2) and be.live().mappings == 0
     assert fake.reservations == {} and fake.mappings == {} and fake.allocations == {}
+
+
+def test_fresh_chunks_are_zeroed_on_a_stream_of_their_own(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A map zeroes its fresh chunks on the backend's own non-blocking stream and waits for
+    that stream alone (``wait_zeroed``): a map made on a worker's thread while a forward runs
+    neither waits for the forward nor queues behind it. An unmap still waits for the device
+    (``synchronize``); the stream is destroyed with the backend."""
+    meta = torch.empty(0, dtype=torch.int8, device="meta")
+    monkeypatch.setattr(CudaVmmBackend, "wrap", lambda self, a, n: meta.new_empty(n))
+    device_syncs: list[str] = []
+    monkeypatch.setattr(CudaVmmBackend, "synchronize", lambda self: device_syncs.append("sync"))
+    monkeypatch.setattr(CudaVmmBackend, "device", "meta", raising=False)
+    plan = plans.llama_plan(layers=1, num_blocks=64)
+    with apply(plan, backend="cuda-vmm", mode="elastic", unbacked="fault") as cache:
+        be = cache.backend
+        assert fake.calls("cuStreamCreate") == []  # made on first use
+        assert cache.ensure_mapped([1, 2]) > 0
+        (stream,) = fake.streams
+        assert fake.streams[stream] == fake.CUstream_flags.CU_STREAM_NON_BLOCKING
+        sets = fake.calls("cuMemsetD8Async")
+        assert sets and all(s == stream for _, _, s in sets)
+        assert fake.calls("cuStreamSynchronize") == [(stream,)]
+        assert device_syncs == [] and be.calls.counts["wait_zeroed"] == 1
+        cache.release_blocks([1, 2])
+        assert device_syncs == ["sync"]  # the forward may still read what is unmapped
+        cache.ensure_mapped([3])
+        assert len(fake.calls("cuStreamCreate")) == 1  # one stream for the backend's life
+    assert fake.streams == {} and fake.calls("cuStreamDestroy") == [(stream,)]

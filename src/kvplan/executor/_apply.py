@@ -137,8 +137,8 @@ def _apply(
             for mem in memory.values():
                 map_chunks(be, txn, mem, range(mem.num_chunks))
             if not be.fresh_memory_is_zero:
-                txn.at("synchronize", "", 0, 0)
-                be.synchronize()
+                txn.at("wait_zeroed", "", 0, 0)
+                be.wait_zeroed()
         t2 = clock()
         timings["map"] = (t2 - t1) * 1e3
         pools = {}

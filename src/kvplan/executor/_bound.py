@@ -179,8 +179,8 @@ class BoundKVCache:
                 if chunks:
                     mapped += map_chunks(self.backend, txn, self._memory[name], chunks)
             if mapped and not self.backend.fresh_memory_is_zero:
-                txn.at("synchronize", "", 0, 0)
-                self.backend.synchronize()
+                txn.at("wait_zeroed", "", 0, 0)
+                self.backend.wait_zeroed()
         except BaseException as exc:
             action = f"ensure_mapped({len(new)} blocks: {block_ranges(new)})"
             err = failure(txn, exc, self.backend, action)

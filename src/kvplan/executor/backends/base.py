@@ -34,6 +34,7 @@ PRIMITIVES: tuple[str, ...] = (
     "set_access",
     "zero",
     "synchronize",
+    "wait_zeroed",
     "wrap",
     "unmap",
     "release",
@@ -177,6 +178,12 @@ class Backend(Protocol):
 
     def synchronize(self) -> None:
         """Wait for in-flight work that may touch mapped memory (before unmapping)."""
+        ...
+
+    def wait_zeroed(self) -> None:
+        """Wait until what :meth:`zero` wrote is in place for any later work on the device
+        (after a map zeroes fresh memory): only the zeroing, not the device's other work
+        (a forward still running is not waited for; before unmapping: :meth:`synchronize`)."""
         ...
 
     def wrap(self, address: int, size: int) -> Tensor:
@@ -422,6 +429,11 @@ class TrackedBackend(CountedBackend):
             if base is not None and length is not None and address + size <= base + length:
                 return base
         raise BackendCallError(call, f"[{address:#x}, +{size}) is not inside a reservation")
+
+    def wait_zeroed(self) -> None:
+        """Where :meth:`zero` does not queue its writes apart, waiting for them is
+        :meth:`synchronize`."""
+        self.synchronize()  # type: ignore[attr-defined]  # every concrete backend has it
 
     def close(self) -> None:
         return None

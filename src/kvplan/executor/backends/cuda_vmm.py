@@ -144,6 +144,7 @@ class CudaVmmBackend(TrackedBackend):
         "set_access": "cuMemSetAccess",
         "zero": "cuMemsetD8Async",
         "synchronize": "torch.cuda.synchronize",
+        "wait_zeroed": "cuStreamSynchronize",
         "wrap": "torch storage from pointer",
         "unmap": "cuMemUnmap",
         "release": "cuMemRelease",
@@ -172,6 +173,10 @@ class CudaVmmBackend(TrackedBackend):
         self._unfilled: dict[int, int] = {}
         """Ranges unmapped whose scratch refill failed (address → size); ``unmap`` retries."""
         self._gran = 0
+        self._zero_stream: Any = None
+        """The stream :meth:`zero` queues on (made on first use): a non-blocking stream of
+        its own, so zeroing fresh chunks -- on a worker's mapping thread while a forward
+        runs -- neither waits for that forward nor makes it wait."""
         drv = load_driver()
         index = touch_torch_device(device)
         super().__init__()
@@ -290,11 +295,26 @@ class CudaVmmBackend(TrackedBackend):
         res = self._drv.cuMemSetAccess(address, size, self._access, 1)
         self._check("cuMemSetAccess", res, f"{size} bytes")
 
+    def _zeroing_stream(self) -> Any:
+        if self._zero_stream is None:
+            flag = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+            res = self._drv.cuStreamCreate(int(getattr(flag, "value", flag)))
+            self._zero_stream = self._check("cuStreamCreate", res, "the zeroing stream")
+        return self._zero_stream
+
     def zero(self, address: int, size: int) -> None:
         self._ensure_ctx()
-        stream = self._torch.cuda.current_stream(self.index).cuda_stream
-        res = self._drv.cuMemsetD8Async(address, 0, size, self._drv.CUstream(stream))
+        res = self._drv.cuMemsetD8Async(address, 0, size, self._zeroing_stream())
         self._check("cuMemsetD8Async", res, f"{size} bytes")
+
+    def wait_zeroed(self) -> None:
+        """Wait for the zeroing stream only: a kernel launched after this returns, on any
+        stream, reads the zeros (an unmap still waits for the whole device: ``synchronize``)."""
+        if self._zero_stream is None:
+            return
+        self._ensure_ctx()
+        res = self._drv.cuStreamSynchronize(self._zero_stream)
+        self._check("cuStreamSynchronize", res, "the zeroing stream")
 
     def synchronize(self) -> None:
         try:
@@ -427,6 +447,11 @@ class CudaVmmBackend(TrackedBackend):
 
     def close(self) -> None:
         self._release_scratch()
+        if self._zero_stream is not None:
+            stream, self._zero_stream = self._zero_stream, None
+            self._ensure_ctx()
+            self._drv.cuStreamSynchronize(stream)
+            self._drv.cuStreamDestroy(stream)
         if self._retained:
             self._retained = False
             self._drv.cuDevicePrimaryCtxRelease(self._cudev)

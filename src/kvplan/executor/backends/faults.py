@@ -82,6 +82,9 @@ class FaultyBackend(CountedBackend):
     def synchronize(self) -> None:
         self.inner.synchronize()
 
+    def wait_zeroed(self) -> None:
+        self.inner.wait_zeroed()
+
     def wrap(self, address: int, size: int) -> Tensor:
         return self.inner.wrap(address, size)
 
