@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -177,6 +178,7 @@ class CudaVmmBackend(TrackedBackend):
         """The stream :meth:`zero` queues on (made on first use): a non-blocking stream of
         its own, so zeroing fresh chunks -- on a worker's mapping thread while a forward
         runs -- neither waits for that forward nor makes it wait."""
+        self._stream_lock = threading.Lock()
         drv = load_driver()
         index = touch_torch_device(device)
         super().__init__()
@@ -296,11 +298,12 @@ class CudaVmmBackend(TrackedBackend):
         self._check("cuMemSetAccess", res, f"{size} bytes")
 
     def _zeroing_stream(self) -> Any:
-        if self._zero_stream is None:
-            flag = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
-            res = self._drv.cuStreamCreate(int(getattr(flag, "value", flag)))
-            self._zero_stream = self._check("cuStreamCreate", res, "the zeroing stream")
-        return self._zero_stream
+        with self._stream_lock:  # two caches' threads may zero at once: one stream
+            if self._zero_stream is None:
+                flag = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+                res = self._drv.cuStreamCreate(int(getattr(flag, "value", flag)))
+                self._zero_stream = self._check("cuStreamCreate", res, "the zeroing stream")
+            return self._zero_stream
 
     def zero(self, address: int, size: int) -> None:
         self._ensure_ctx()
