@@ -283,7 +283,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"| a whole map (create + map + release + set-access) | {_f(m['mean'])} | "
         f"{_f(m['p50'])} | {_f(m['p99'])} | – | – |",
         f"| a whole unmap | {_f(u['mean'])} | {_f(u['p50'])} | {_f(u['p99'])} | – | – |",
-        f"| `ensure_mapped` of one new 2 MiB chunk (executor: + zero, sync) | "
+        f"| `ensure_mapped` of one new 2 MiB chunk (executor: + zero, wait for it) | "
         f"{_f(em['mean'])} | {_f(em['p50'])} | {_f(em['p99'])} | – | – |",
         f"| `release_blocks` of one 2 MiB chunk (executor: sync + unmap) | "
         f"{_f(er['mean'])} | {_f(er['p50'])} | {_f(er['p99'])} | – | – |",

@@ -175,3 +175,44 @@ def test_uniform_block_cost_where_it_applies_and_where_it_does_not() -> None:
     llama = plan_of(LAYOUTS["llama"]())
     assert Ledger(llama, PAGE).uniform_block_cost == 4 * PAGE  # 4 layers, 4 KiB pages
     assert Ledger(llama, 1 << 21).uniform_block_cost is None  # 2 MiB: blocks share chunks
+
+
+def _chunk_walk(ledger: Ledger, free: list[FreeBlock], **limits: int) -> Any:
+    """:func:`trim` forced down its general path (as if blocks shared chunks)."""
+    ledger.__dict__["uniform_block_cost"] = None  # the cached property, shadowed
+    try:
+        return trim(ledger, free, **limits)
+    finally:
+        del ledger.__dict__["uniform_block_cost"]
+
+
+@pytest.mark.parametrize("layout", ["llama", "gemma4-LBNHC-sharing", "mla"])
+@pytest.mark.parametrize("seed", range(30))
+def test_trim_block_by_block_decides_as_the_chunk_walk(layout: str, seed: int) -> None:
+    """Where every block owns its chunks (at 4 KiB), the trim works per block; on random
+    pools (blocks in use, free with and without cache entries, ages with ties, limits below
+    and above what is mapped) it evicts, unbacks and counts exactly as the chunk walk."""
+    rng = random.Random(seed)
+    plan = plan_of(LAYOUTS[layout]())
+    fast, slow = Ledger(plan, PAGE), Ledger(plan, PAGE)
+    assert fast.uniform_block_cost is not None
+    blocks = rng.sample(range(1, fast.num_blocks), rng.randint(0, min(40, fast.num_blocks - 1)))
+    for ledger in (fast, slow):
+        ledger.back([0, *blocks])
+    free = [
+        FreeBlock(b, rng.random() < 0.4, rng.randrange(8))  # ages tie: chunks break them
+        for b in blocks
+        if rng.random() < 0.7
+    ]
+    free += [FreeBlock(b, True, 1) for b in rng.sample(blocks, min(2, len(blocks)))]  # twice
+    cost = fast.uniform_block_cost
+    limits = {
+        "limit": fast.mapped_bytes + cost * rng.randint(-30, 5),
+        "cache_limit": cost * rng.randint(0, 10),
+        "reserve": cost * rng.randint(0, 10),
+    }
+    got = trim(fast, free, **limits)
+    want = _chunk_walk(slow, free, **limits)
+    assert got == want
+    assert fast.backed == slow.backed and fast.mapped_bytes == slow.mapped_bytes
+    assert fast.refs == slow.refs
