@@ -410,6 +410,42 @@ def test_a_busy_engine_keeps_the_pages_its_steps_free_and_uses_them_first() -> N
         caches[0].close()
 
 
+def test_while_requests_wait_a_limited_engine_keeps_what_its_requests_free(
+    tmp_path: Path,
+) -> None:
+    """Outside a group, with a limit that binds and requests waiting for blocks, the pages a
+    finished request frees stay backed (up to the limit) however little the busy reserve
+    is: the waiting requests take them in the step being scheduled, so giving them back
+    would unmap what that step maps again. Without waiting requests, with
+    ``KVPLAN_BUSY_RESERVE=0`` or in a group, the busy reserve applies as before."""
+    for case in ("waiting", "none-waiting", "busy-reserve-0", "group"):
+        if case == "group":
+            set_budget(tmp_path / case, 64 * BLOCK, create=True)
+        pool, side, _core, scheduler, caches = _engine(
+            tmp_path / case if case == "group" else None, limit=32 * BLOCK, reserve=0
+        )
+        try:
+            side.busy_reserve = 0 if case == "busy-reserve-0" else 2 * BLOCK
+            scheduler.unfinished = 3
+            scheduler.waiting = [] if case == "none-waiting" else ["a request"]
+            taken = pool.get_new_blocks(12)
+            _step(side, caches, scheduler)
+            assert list(side.taken) == [12]
+            pool.free_blocks(taken)  # a request finished; others run, and one waits
+            _step(side, caches, scheduler)
+            kept = side.reserve_bytes
+            if case == "waiting":
+                assert kept == 12 * BLOCK and side.ledger.backed == set(range(13))
+                assert caches[0].mapped_blocks == side.ledger.backed
+                assert side.reserve_target() == 32 * BLOCK  # the limit, not the busy reserve
+            else:
+                assert kept == side.reserve_target() <= 2 * BLOCK, case
+                assert len(side.ledger.backed) == 1 + kept // BLOCK
+            assert side.ledger.mapped_bytes <= side.effective_limit()
+        finally:
+            caches[0].close()
+
+
 def test_the_busy_reserve_follows_demand_within_its_cap_and_the_limit() -> None:
     pool, side, _core, scheduler, caches = _engine(limit=16 * BLOCK, reserve=BLOCK)
     try:

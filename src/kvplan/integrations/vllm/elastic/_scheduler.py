@@ -143,6 +143,8 @@ class SchedulerSide(MappingAhead):
         """:attr:`version` at the last map ahead (none again until the pool changed)."""
         self.ahead_retry_at = 0.0
         """After a map ahead failed: no map ahead before this (monotonic seconds)."""
+        self.waiting = False
+        """Requests were waiting when the last trim was decided (:meth:`reserve_target`)."""
         self.stepping = False
         """A step was scheduled and its output has not arrived yet (its operations may be
         running on the workers): the reclaim of an idle engine waits for it."""
@@ -285,9 +287,15 @@ class SchedulerSide(MappingAhead):
         the blocks its requests free are used again without giving their pages back and
         mapping others in between (they are handed out first: ``_pool``). An idle engine
         goes back to ``KVPLAN_RESERVE`` (its watcher trims within a tick), or to nothing while
-        its default reserve yields (:meth:`reserve_yields`)."""
+        its default reserve yields (:meth:`reserve_yields`). An engine outside a group whose
+        limit binds keeps every page its requests free, up to the limit, while requests wait
+        (:attr:`waiting`): they take those pages in the step being scheduled, and giving them
+        back would only unmap what that step maps again (``KVPLAN_BUSY_RESERVE=0`` keeps the
+        plain reserve; a group member gives them back, for a neighbour to take)."""
         if not self.busy or not self.taken:
             return 0 if self.reserve_yields() else self.reserve
+        if self.waiting and self.busy_reserve and self.group is None and self.tight():
+            return max(self.reserve, self.limit)  # what the requests free, the waiting take
         cost = self.ledger.uniform_block_cost or self.ledger.max_block_cost
         demand = DEMAND_FACTOR * max(self.taken) * cost
         return max(self.reserve, min(self.busy_reserve, demand, self.limit))
@@ -552,6 +560,7 @@ class SchedulerSide(MappingAhead):
         limit = self.effective_limit()
         if not self.dirty and self.ledger.mapped_bytes <= limit:
             return
+        self.waiting = scheduler is not None and bool(getattr(scheduler, "waiting", None))
         self.trim()
         if self.ledger.mapped_bytes > limit and scheduler is not None:
             self.preempted += preempt_over_limit(scheduler, self)
