@@ -221,6 +221,15 @@ def arm_setup(
     return out
 
 
+def shown(path: Path) -> str:
+    """A path for the results file: relative to the checkout when inside it, else only its
+    last part (the file is committed: no machine's paths in it)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return f"<outside the checkout>/{path.name}"
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-quantile (nearest rank: the value at or above a ``q`` share of the data)."""
     ordered = sorted(values)
@@ -563,7 +572,7 @@ def main() -> int:
         "machine": machine(),
         "load_before": load_before,
         "emulated_device_latency": args.emulate,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "share_bytes": SHARE,
         "block_bytes": BLOCK_BYTES,
         "engine": ENGINE,

@@ -48,3 +48,13 @@ def test_the_twin_ratio_is_tabled_per_round() -> None:
     twin = next(line for line in text.splitlines() if line.startswith("| vanilla-split-twin"))
     # p50 ratios 1.1 and 0.9 per round (median 1.00), p99 ratios 1.0 and 1.25
     assert "| 1.00 (0.90-1.10)x | 1.12 (1.00-1.25)x |" in twin
+
+
+def test_the_results_file_names_no_path_of_this_machine(tmp_path: Path) -> None:
+    """The settings written to a results file (committed) keep a path inside the checkout
+    relative to it and only the last part of any other."""
+    bench = load()
+    inside = bench.ROOT / "benchmarks" / "results" / "x.json"
+    assert bench.shown(inside) == "benchmarks/results/x.json"
+    outside = bench.shown(tmp_path / "base" / "src")
+    assert outside == "<outside the checkout>/src" and str(tmp_path) not in outside
