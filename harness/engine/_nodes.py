@@ -34,6 +34,10 @@ STOP_GRACE_S = 2.0
 """Seconds a headless node has, after ``SIGTERM``, before its tree is killed. Its worker
 waits on the gone head and never exits by itself: vLLM's own shutdown waits 5 s for it,
 signals it, waits 4 s more and kills it; the tests do not wait those 10 s for each engine."""
+REFUSAL_EXIT_S = 180.0
+"""Seconds a node that should refuse has to exit by itself before it is stopped: a headless
+node refuses in its executor's start, as node 0 does, and exits with an error; stopping it
+as soon as node 0 has refused would race that (a failure must end the node, not hang it)."""
 NODE1_CORE = "1"
 PID_FILE = "node1.pid"
 """In the driver's folder while a second node runs: its pid (its process group's id)."""
@@ -113,13 +117,16 @@ class RemoteNode:
         assert self.process is not None
         return self.process.pid
 
-    def stop(self) -> dict[str, Any]:
-        """Stop the node (``SIGTERM``, then ``SIGKILL`` for its tree after the grace); what
-        happened: its exit code, whether anything had to be killed, processes left (0)."""
+    def stop(self, own_exit_s: float = 0.0) -> dict[str, Any]:
+        """Stop the node (``SIGTERM``, then ``SIGKILL`` for its tree after the grace), once it
+        has had ``own_exit_s`` to exit by itself; what happened: its exit code, whether it had
+        exited by itself, whether anything had to be killed, processes left (0)."""
         import psutil
 
         assert self.process is not None
         tree = _tree(self.process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(own_exit_s)
         exited_before = self.process.poll() is not None
         if not exited_before:
             self.process.send_signal(signal.SIGTERM)

@@ -422,7 +422,8 @@ def run_on_nodes(job: dict[str, Any], variant: dict[str, Any], first: bool) -> d
     try:
         result = run_variant(job, variant, first)
     finally:
-        result["node1"] = node.stop()
+        own_exit = _nodes.REFUSAL_EXIT_S if variant.get("expect_refusal") else 0.0
+        result["node1"] = node.stop(own_exit)
         pid_file.unlink()
     return result
 
