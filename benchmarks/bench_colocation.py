@@ -310,6 +310,7 @@ def start_arm(
                 env,
                 traces[name],
                 engine=engine,
+                linger=True,  # until every arm served the round (``run_round``)
             )
         )
     return procs
@@ -379,7 +380,9 @@ def run_round(
     """One round: every arm's engines started afresh (a process's own luck -- where its
     memory lies, when it started -- is then drawn again each round instead of staying with
     one arm), warmed up, then each phase served by every arm in turn, the order rotated by
-    round and seed. What each engine served, the traces, the load after each phase."""
+    round and seed; every engine lingers until all arms served the last phase, so no engine
+    shuts down beside another arm's burst. What each engine served, the traces, the load
+    after each phase."""
     traces = round_traces(args, engines, phases)
     arms = list(args.arms)
     procs: dict[str, list[co.Engine]] = {}
@@ -408,6 +411,8 @@ def run_round(
                     loads[f"{arm} {phase}"] = list(os.getloadavg())
                     print(f"bench: n={engines} round {rnd} seed {seed} {arm} done, load "
                           f"{os.getloadavg()[0]:.2f}", file=sys.stderr)  # fmt: skip
+            for arm in arms:  # only now: an engine that ends shuts vLLM down and writes its
+                co.end(works[arm] / "control")  # results, seconds of CPU a burst would share
             results = {arm: [p.result(1800)["serve"] for p in procs[arm]] for arm in arms}
         finally:
             for p in [p for ps in procs.values() for p in ps]:

@@ -301,6 +301,11 @@ def done(control: Path, name: str, phase: str) -> bool:
     return (control / f"{name}.done-{phase}").is_file()
 
 
+def end(control: Path) -> None:
+    """Let every lingering engine watching ``control`` (``start_engine(linger=True)``) end."""
+    (control / "end").write_text("")
+
+
 # -- sampling what the engines map ------------------------------------------------------------
 
 

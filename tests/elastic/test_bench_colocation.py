@@ -4,9 +4,12 @@ is printed like every other arm's -- what the benchmark measures when nothing di
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import pytest
 
 from tests._scripts import load_benchmark
 
@@ -58,3 +61,63 @@ def test_the_results_file_names_no_path_of_this_machine(tmp_path: Path) -> None:
     assert bench.shown(inside) == "benchmarks/results/x.json"
     outside = bench.shown(tmp_path / "base" / "src")
     assert outside == "<outside the checkout>/src" and str(tmp_path) not in outside
+
+
+def test_every_engine_lingers_until_every_arm_served_the_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that ends shuts vLLM down and writes its results: seconds of CPU on a 2-core
+    machine. Ended as soon as its own arm had served the round's last phase, it did so beside
+    the next arm's first burst: the eighteenth round's "bimodal" seed-42 first engine (p99
+    0.9 s, or 3 s with steps of 50-500 ms) was the arm's place in that phase's order. The
+    round's orchestration, engines stubbed: every engine is started to linger, and told to end
+    only after the last phase of every arm was opened and served."""
+    bench = load()
+    events: list[tuple[str, str]] = []
+    started: list[bool] = []
+
+    class Engine:
+        def __init__(self, name: str, control: Path) -> None:
+            self.name, self.control = name, control
+
+        def ready(self) -> bool:
+            return True
+
+        def alive(self) -> bool:
+            return False
+
+        def result(self, timeout: float) -> dict[str, Any]:
+            events.append(("result", self.control.parent.name))
+            return {"serve": {"num_blocks": 24}}
+
+    def start_engine(*args: Any, linger: bool = False, **kwargs: Any) -> Engine:
+        started.append(linger)
+        return Engine(args[1], args[4])
+
+    def go(control: Path, phase: str, delay: float = 0.0) -> float:
+        events.append(("go", f"{control.parent.name} {phase}"))
+        return 0.0
+
+    monkeypatch.setattr(bench, "write_model", lambda kind, folder: folder)
+    monkeypatch.setattr(bench.co, "start_engine", start_engine)
+    monkeypatch.setattr(bench.co, "go", go)
+    monkeypatch.setattr(bench.co, "done", lambda control, name, phase: True)
+
+    def end(control: Path) -> None:
+        events.append(("end", control.parent.name))
+
+    monkeypatch.setattr(bench.co, "end", end)
+    arms = ["vanilla-split", "vanilla-split-twin"]
+    args = argparse.Namespace(
+        trace="heavy", seeds=[7, 42], arms=arms, requests=2, ramp=0.5, stagger=7.0, cycles=1,
+        base_src=None, src=None, emulate=None,
+    )  # fmt: skip
+    bench.run_round(args, 2, Path("python"), tmp_path / "r0", [(0, 7, "p7"), (0, 42, "p42")])
+    assert started == [True] * 4
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("go") == 2 * 3  # the warm-up and both phases, each arm
+    last_go = max(i for i, kind in enumerate(kinds) if kind == "go")
+    ends = [i for i, kind in enumerate(kinds) if kind == "end"]
+    assert sorted(events[i][1] for i in ends) == [f"n2-heavy-{arm}" for arm in arms]
+    assert min(ends) > last_go
+    assert min(i for i, kind in enumerate(kinds) if kind == "result") > max(ends)

@@ -223,7 +223,7 @@ def _pair(
             plan(phase, sampler, windows)
             time.sleep(0.3)
             samples = sampler.stop()
-            (control / "end").write_text("")
+            co.end(control)
             results = {name: e.result(900) for name, e in engines.items()}
         finally:
             for e in engines.values():
