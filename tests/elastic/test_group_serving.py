@@ -5,6 +5,7 @@ first, then as its blocks are freed). The whole engines are in ``tests/engine``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from kvplan.elastic.group import read_snapshot, set_budget
 from kvplan.elastic.ledger import Ledger
 from kvplan.integrations.vllm.elastic import ElasticSettings, SchedulerSide, make_elastic
 from kvplan.integrations.vllm.elastic._group import join
-from kvplan.integrations.vllm.elastic._scheduler import ASK_SECONDS
+from kvplan.integrations.vllm.elastic._scheduler import ASK_LOOK_SECONDS, ASK_SECONDS
 from tests.elastic.test_ledger import PAGE, plan_of
 
 pytestmark = pytest.mark.vllm
@@ -219,4 +220,68 @@ def test_a_reserve_the_user_set_never_yields(tmp_path: Path) -> None:
     _idle(a)
     assert not a.reserve_yields()
     assert a.reserve_bytes == 8 * block_bytes
+    assert _charged(tmp_path) <= 96 * block_bytes
+
+
+def test_a_refused_member_looks_at_the_ledger_once_a_while_not_at_every_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM counts the free blocks several times a step; a member whose ask was refused asks
+    again once the ledger changed, and finds that out with an ``lstat`` -- at most every
+    ``ASK_LOOK_SECONDS``, not at every count (in a burst those looks were a fifth of a member's
+    scheduling time). A change is still seen at the next look: the ask is made, and granted.
+    Asks for more bytes past the guarantee wait for such a change too (only bytes set free
+    can grow the grant then)."""
+    from kvplan.elastic import group as group_module
+
+    block_bytes = 4 * 4 * 1024
+    set_budget(tmp_path, 96 * block_bytes, create=True)
+    pool_a, a = _member_side(tmp_path, "a", guarantee_blocks=8)
+    pool_b, b = _member_side(tmp_path, "b", guarantee_blocks=8)
+    got: list[Any] = []
+    while len(got) < 16:  # b past its guarantee
+        n = pool_b.get_num_free_blocks()
+        got += pool_b.get_new_blocks(min(n, 16 - len(got)))
+        _step(b)
+    held = []
+    while (n := pool_a.get_num_free_blocks()) > 0:  # a takes all the rest
+        held += pool_a.get_new_blocks(min(n, 16))
+        _step(a)
+    group_b = b.group
+    assert group_b is not None and group_b.granted >= group_b.guarantee
+    b.demand = 8
+    while (n := pool_b.get_num_free_blocks()) > 0:  # what its grant still covers
+        got += pool_b.get_new_blocks(n)
+        _step(b)
+    assert b.refused  # its last ask was refused
+    looks = []
+    stamp = group_module.ledger_stamp
+
+    def counted(paths: Any) -> Any:
+        looks.append(time.monotonic())
+        return stamp(paths)
+
+    asks = []
+    request = type(b.group).request
+
+    def asked(member: Any, need: int) -> bool:
+        asks.append(need)
+        return bool(request(member, need))
+
+    monkeypatch.setattr(group_module, "ledger_stamp", counted)
+    monkeypatch.setattr(type(b.group), "request", asked)
+    time.sleep(ASK_SECONDS)
+    started = time.monotonic()
+    for i in range(200):
+        b.demand = 9 + i  # its requests want more and more: past its guarantee only bytes
+        assert pool_b.get_num_free_blocks() == 0  # set free can grow the grant
+    spent = time.monotonic() - started
+    assert 1 <= len(looks) <= 1 + spent / ASK_LOOK_SECONDS
+    assert all(y - x >= ASK_LOOK_SECONDS for x, y in itertools.pairwise(looks))
+    assert asks == []  # nothing changed: no ledger write
+
+    pool_a.free_blocks(held)  # a's burst ends and its grant goes back: the ledger changes
+    _idle(a)
+    time.sleep(ASK_LOOK_SECONDS)
+    assert pool_b.get_num_free_blocks() > 0  # the next look saw it, b asked and got more
     assert _charged(tmp_path) <= 96 * block_bytes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import re
 import stat
@@ -103,6 +104,12 @@ class GroupPaths:
     @property
     def ledger(self) -> Path:
         return self.directory / LEDGER_FILE
+
+    @functools.cached_property
+    def ledger_name(self) -> str:
+        """:attr:`ledger` as a string, made once (:func:`ledger_stamp` runs at a group
+        member's steps)."""
+        return str(self.ledger)
 
     @property
     def members(self) -> Path:
@@ -483,7 +490,7 @@ def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
 
 def ledger_stamp(paths: GroupPaths) -> tuple[int, int, int] | None:
     try:
-        info = os.lstat(paths.ledger)
+        info = os.lstat(paths.ledger_name)
     except OSError:
         return None
     return (info.st_ino, info.st_mtime_ns, info.st_size)

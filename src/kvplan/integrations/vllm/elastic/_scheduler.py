@@ -39,6 +39,10 @@ ASK_BLOCKS = 256
 ASK_SECONDS = 0.05
 """A waiting member asks the group again at most this often (at most 20 ledger writes a
 second), and before that only for more than it asked last."""
+ASK_LOOK_SECONDS = 0.005
+"""After :data:`ASK_SECONDS`, how often a waiting member looks whether the ledger changed (one
+``lstat``): vLLM counts the free blocks several times a step, and a look at every count was
+a fifth of a group member's scheduling time in a burst."""
 ASK_AGAIN_SECONDS = 1.0
 """A refused ask is repeated after this long even when the ledger did not change (a dead
 member is reaped by the next accounting operation of any member)."""
@@ -132,6 +136,8 @@ class SchedulerSide(MappingAhead):
         says."""
         self._asked_at = 0.0
         self._asked_stamp: object = None
+        self._looked_at = 0.0
+        """When a refused ask last looked whether the ledger changed (:data:`ASK_LOOK_SECONDS`)."""
         self.preempted = 0
         """Requests preempted because the engine was over its effective limit (a lowered
         limit, another member's claim)."""
@@ -179,10 +185,13 @@ class SchedulerSide(MappingAhead):
     def ask_group(self, want: int) -> bool:
         """Ask the group for a grant of ``want`` bytes in all (its need: what is mapped plus
         the blocks the requests want, see :meth:`free_count`). One ask per change: a refused
-        ask is repeated only for more bytes, or once the ledger changed (a release, a budget
-        change, a claim served) and :data:`ASK_SECONDS` passed, or after
+        ask is repeated for more bytes while the member is below its guarantee (its claim
+        stays what it needs; past it only free bytes grow a grant, and bytes set free change
+        the ledger), or once the ledger changed (a release, a budget change, a claim served)
+        and :data:`ASK_SECONDS` passed, or after
         :data:`ASK_AGAIN_SECONDS` -- so a waiting member writes the ledger at most 20 times a
-        second, and its claim stays what it needs. True when the effective limit rose."""
+        second, and its claim stays what it needs; it looks whether the ledger changed at most
+        every :data:`ASK_LOOK_SECONDS`. True when the effective limit rose."""
         group = self.group
         if group is None or self.group_failed:
             return False
@@ -191,12 +200,16 @@ class SchedulerSide(MappingAhead):
         if want <= group.effective_limit:
             return False
         now = time.monotonic()
-        if want <= self.refused:
+        if want <= self.refused or (self.refused and group.granted >= group.guarantee):
             since = now - self._asked_at
             if since < ASK_SECONDS:
                 return False
-            if since < ASK_AGAIN_SECONDS and group.stamp() == self._asked_stamp:
-                return False
+            if since < ASK_AGAIN_SECONDS:
+                if now - self._looked_at < ASK_LOOK_SECONDS:
+                    return False
+                self._looked_at = now
+                if group.stamp() == self._asked_stamp:
+                    return False
         before = group.effective_limit
         self.asked, self._asked_at = want, now
         try:
