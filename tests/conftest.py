@@ -118,6 +118,12 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
 
     from tests.engine import _units
 
+    MORE_AT = 2
+    """xdist's own threshold: a worker holding this many tests or fewer is sent its next unit.
+    The held-back unit is sent at the same point -- at a lower one it would never be sent
+    while units of the rest are queued (xdist tops a worker up to more), and waited for the
+    whole rest of the suite."""
+
     class EngineUnits(LoadScopeScheduling):
         keeper = None
         """The worker the timed unit goes to (chosen when nothing else is left)."""
@@ -153,7 +159,7 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
             if (
                 _units.BESIDE in queue
                 and not node.shutting_down
-                and self._pending(node) <= 1
+                and self._pending(node) <= MORE_AT
                 and not self._steady_left()
             ):
                 queue.move_to_end(_units.BESIDE, last=False)  # ahead of the rest
