@@ -28,7 +28,8 @@ at install: a venv holds a ``.pth`` file (:data:`BYTECODE_PTH`) that sets
 later ones load the cache, whatever ``PYTHONDONTWRITEBYTECODE`` says (set, every process
 compiled torch and vLLM again: an engine's start took 34 s instead of 16). Compiling every file
 at install (``uv pip install --compile-bytecode``) took 48 s of CPU per venv; the modules an
-engine imports, 9 s once.
+engine imports, 9 s once. A second ``.pth`` file (:data:`VLLM_CACHE_PTH`) gives each venv a
+vLLM cache of its own.
 Used by the tests in this folder and by ``benchmarks/bench_engine.py``.
 
 ``run_engines(python, job, workdir)`` runs ``driver.py`` (one process, one engine per variant)
@@ -157,6 +158,19 @@ def python_of(venv: Path) -> Path:
 BYTECODE_PTH = ("kvplan-engine-bytecode.pth", "import sys; sys.dont_write_bytecode = False\n")
 """(name, text): the ``.pth`` file in an engine venv's site-packages that caches bytecode on
 first import (``site`` runs its ``import`` lines at every start)."""
+VLLM_CACHE_PTH = (
+    "kvplan-engine-vllm-cache.pth",
+    "import os, sys; "
+    "os.environ.setdefault('VLLM_CACHE_ROOT', os.path.join(sys.prefix, 'vllm-cache'))\n",
+)
+"""(name, text): the ``.pth`` file that gives each engine venv a vLLM cache of its own
+(``VLLM_CACHE_ROOT``, unless set). vLLM keeps what it learns of a model class in
+``modelinfos/`` under one file name per class whatever the release, stamped with the hash of
+that release's model file: with one cache for all, every process of another release than the
+last found it stale and started a subprocess to import vLLM again and inspect the class
+(10-15 s of CPU) -- a fifth of the engine processes the suite started, on a machine whose
+two cores the suite keeps busy."""
+ENGINE_PTHS = (BYTECODE_PTH, VLLM_CACHE_PTH)
 
 
 def _stamp_wanted(release: Release) -> dict[str, Any]:
@@ -166,6 +180,7 @@ def _stamp_wanted(release: Release) -> dict[str, Any]:
         "tools": list(TEST_TOOLS),
         "entry_points": ENTRY_POINTS,
         "bytecode": BYTECODE_PTH[1],
+        "vllm_cache": VLLM_CACHE_PTH[1],
     }
 
 
@@ -282,8 +297,8 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             f"install -e {ROOT} (kvplan)",
         )
         state = _probe(python)
-        name, text = BYTECODE_PTH
-        (Path(state["purelib"]) / name).write_text(text)
+        for name, text in ENGINE_PTHS:
+            (Path(state["purelib"]) / name).write_text(text)
         problems = []
         if (
             state["versions"]["vllm"] not in (wanted.version, None)

@@ -122,3 +122,26 @@ def test_doctor_says_what_each_release_serves(
     assert missing == []
     for elastic in ("Scheduler.update_from_output", "Worker.sample_tokens", "request_memory"):
         assert any(name.endswith(elastic) for name in targets), elastic
+
+
+def test_each_release_keeps_a_vllm_cache_of_its_own(engine_python_of: EnginePython) -> None:
+    """vLLM's cache of what it learnt of a model class has one file per class whatever the
+    release: shared, each release found the last one's stale and imported vLLM again in a
+    subprocess. Each engine venv's processes get their own (``harness.VLLM_CACHE_PTH``),
+    unless the caller set one."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CACHE_ROOT"}
+    show = "import os; print(os.environ['VLLM_CACHE_ROOT'])"
+    roots = {}
+    for release in RELEASES:
+        python = engine_python_of(release)
+        done = subprocess.run(
+            [str(python), "-c", show], env=env, capture_output=True, text=True, check=True
+        )
+        roots[release] = Path(done.stdout.strip())
+        assert roots[release] == python.parent.parent / "vllm-cache", roots
+    assert len(set(roots.values())) == len(RELEASES), roots
+    chosen = subprocess.run(
+        [str(python), "-c", show], env={**env, "VLLM_CACHE_ROOT": "/chosen"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert chosen.stdout.strip() == "/chosen"
