@@ -66,12 +66,8 @@ def _prebuild(engine: list[pytest.Item]) -> None:
     if len(releases) < 2 or worker != "gw0" or _PREBUILD:
         return
     order = [harness.DEFAULT_RELEASE, *sorted(releases - {harness.DEFAULT_RELEASE})]
-    code = (
-        "import sys; from harness.engine import harness; "
-        "[harness.ensure_engine_env(lambda m: print(m, flush=True), r) for r in sys.argv[1:]]"
-    )
     log = harness.wheels_path().parent / PREBUILD_LOG
-    command = [sys.executable, "-c", code, *order]
+    command = [sys.executable, "-m", "harness.engine.harness", *order]
     with open(log, "wb") as out:
         builder = subprocess.Popen(
             command, cwd=harness.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
