@@ -4,7 +4,6 @@ as pytest does, never their last test until they get more or are told to stop.""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -104,54 +103,3 @@ def test_the_timed_unit_runs_last_with_the_machine_to_itself() -> None:
     assert worker.sent_while[COLLECTION.index(TIMED[0])] == []
     assert worker.other is not None and worker.other.shutting_down
 
-
-class Item:
-    def __init__(self, release: str | None) -> None:
-        if release is not None:
-            self.callspec = SimpleNamespace(params={"release": release})
-
-
-def prebuilt(
-    monkeypatch: Any, tmp_path: Path, releases: list[str | None], worker: str | None
-) -> list[list[str]]:
-    """The builders ``tests/engine/conftest._prebuild`` starts for engine tests of these
-    releases (their commands), on this xdist worker (``None``: no xdist)."""
-    from tests.engine import conftest as engine
-
-    started: list[list[str]] = []
-
-    class Popen:
-        pid = 0
-
-        def __init__(self, command: list[str], **_: Any) -> None:
-            started.append(command)
-
-    monkeypatch.setattr(engine, "_PREBUILD", [])
-    monkeypatch.setattr(engine.subprocess, "Popen", Popen)
-    monkeypatch.setattr(engine.harness, "wheels_path", lambda: tmp_path / "wheels")
-    if worker is None:
-        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-    items: Any = [Item(r) for r in releases]
-    engine._prebuild(items)
-    engine._prebuild(items)
-    return started
-
-
-def test_the_other_releases_venvs_build_from_the_start_once_a_session(
-    monkeypatch: Any, tmp_path: Path
-) -> None:
-    """Engine tests of several releases: one builder (the first worker's), 0.32 first, then
-    the others oldest first, each once; its command is the harness's own build command."""
-    releases = ["0.30", None, "0.29", "0.32", "0.30"]
-    started = prebuilt(monkeypatch, tmp_path, releases, "gw0")
-    assert len(started) == 1, started
-    assert started[0][1:] == ["-m", "harness.engine.harness", "0.32", "0.29", "0.30"]
-    assert prebuilt(monkeypatch, tmp_path, releases, None) == started  # a session without xdist
-    assert prebuilt(monkeypatch, tmp_path, releases, "gw1") == []  # the other worker leaves it
-
-
-def test_engine_tests_of_one_release_start_no_builder(monkeypatch: Any, tmp_path: Path) -> None:
-    assert prebuilt(monkeypatch, tmp_path, [None, "0.32", None], "gw0") == []
-    assert prebuilt(monkeypatch, tmp_path, [], "gw0") == []

