@@ -102,4 +102,3 @@ def test_the_timed_unit_runs_last_with_the_machine_to_itself() -> None:
     worker = workers[done[-1][0]]
     assert worker.sent_while[COLLECTION.index(TIMED[0])] == []
     assert worker.other is not None and worker.other.shutting_down
-
