@@ -1,6 +1,9 @@
 """Suite-wide settings: vLLM runs on the CPU platform, offline."""
 
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +18,70 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_configure(config: pytest.Config) -> None:
     """The session's main process (the xdist controller, before its workers start) gives
-    this run the id that marks every engine process the tests start."""
+    this run the id that marks every engine process the tests start, and starts filling
+    vLLM's model-class cache for the suite's models beside the tests (``harness.vllm_cache``:
+    one process, where each class missing from the cache cost a test a subprocess that
+    imports vLLM again; a cache warmed before returns at once)."""
     if not hasattr(config, "workerinput"):
         from harness.engine import _leftovers
 
         _leftovers.start_run()
+        # once per session tree: not in a pytest a test starts (its marks), nor in an engine
+        # venv's (warmed when the venv was built)
+        if not {_leftovers.MARK_VAR, _WARM_VAR} & set(os.environ):
+            os.environ[_WARM_VAR] = "1"
+            _WARMING.append(_VllmCacheWarmUp.start())
+
+
+_WARM_VAR = "KVPLAN_TESTS_WARMING_VLLM_CACHE"
+
+
+class _VllmCacheWarmUp:
+    """The suite's venv's warm-up of vLLM's model-class cache, run beside the session and
+    reported at its end (an optimization: a failed one costs time, not a result -- but it
+    is said, with why)."""
+
+    def __init__(self, process: Any, output: Any) -> None:
+        self.process = process
+        self.output = output
+
+    @classmethod
+    def start(cls) -> "_VllmCacheWarmUp":
+        from harness import vllm_cache
+
+        command = vllm_cache.warm_command(sys.executable, vllm_cache.suite_architectures())
+        # a file, not a pipe (nobody reads a pipe while it runs: full, it would block);
+        # closed by finish()
+        output = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        return cls(subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT), output)
+
+    def finish(self) -> str:
+        """One line on what it did; still running (a short session), it is stopped."""
+        from harness import vllm_cache
+
+        try:
+            try:
+                self.process.wait(timeout=3)  # a cache warmed before: the marker, read at once
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                return "vLLM's model-class cache: warm-up stopped with the session, unfinished"
+            self.output.seek(0)
+            said = self.output.read()
+            return vllm_cache.parse(self.process.returncode, said, "").describe()
+        except RuntimeError as exc:
+            return str(exc)
+        finally:
+            self.output.close()
+
+
+_WARMING: list[_VllmCacheWarmUp] = []
+_WARM_SAID: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for said in _WARM_SAID:
+        terminalreporter.write_line(said)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -88,6 +150,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         watch.stop()
     if hasattr(session.config, "workerinput") or _leftovers.MARK_VAR in os.environ:
         return  # an xdist worker, or a pytest an engine test started (in an engine venv)
+    _WARM_SAID.extend(warming.finish() for warming in _WARMING)  # (said in the summary)
+    _WARMING.clear()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     left = _leftovers.reap(os.environ.get(_leftovers.RUN_VAR, ""))
     if left:
         lines = "\n".join(f"  {pid}: {line}" for pid, line in sorted(left.items()))

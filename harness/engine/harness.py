@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import vllm_cache
 from harness.engine import _leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,6 +171,9 @@ that release's model file: with one cache for all, every process of another rele
 last found it stale and started a subprocess to import vLLM again and inspect the class
 (10-15 s of CPU, waited for; 4 of 18 engine-venv processes in a sample of the suite)."""
 ENGINE_PTHS = (BYTECODE_PTH, VLLM_CACHE_PTH)
+ARCHITECTURES = vllm_cache.suite_architectures()
+"""The model classes whose vLLM inspection each engine venv caches when it is built (see
+:mod:`harness.vllm_cache`): in the stamp, so a venv built before a model joined is warmed."""
 
 
 def _stamp_wanted(release: Release) -> dict[str, Any]:
@@ -179,6 +183,7 @@ def _stamp_wanted(release: Release) -> dict[str, Any]:
         "tools": list(TEST_TOOLS),
         "entry_points": ENTRY_POINTS,
         "pth": [text for _, text in ENGINE_PTHS],
+        "warmed": ARCHITECTURES,
     }
 
 
@@ -309,7 +314,14 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             problems.append("the CUDA torchvision/torchaudio/torchcodec are still installed")
         if problems:
             raise EngineEnvError(f"{label} ({venv}) is incomplete: {'; '.join(problems)}")
-        step([str(python), "-c", "import vllm, kvplan"], "import vllm, kvplan (bytecode cached)")
+        # vLLM and kvplan imported once (bytecode cached), and vLLM's model-class cache
+        # filled for the suite's models in this one process (``harness.vllm_cache``)
+        warmed = _run(
+            vllm_cache.warm_command(python, ARCHITECTURES),
+            f"{wanted.key}: import vllm, kvplan; warm vLLM's model-class cache",
+            report,
+        )
+        report(f"{label}: {vllm_cache.parse(0, warmed, '').describe()}")
         stamp.write_text(json.dumps(_stamp_wanted(wanted)))
         report(f"{label}: ready in {time.perf_counter() - started:.0f} s ({venv})")
         return python

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from harness import vllm_cache
 from harness.engine.cases import RELEASE_CASES
-from harness.engine.harness import ENGINE_ENV
+from harness.engine.harness import ARCHITECTURES, ENGINE_ENV
 from tests.engine.conftest import EnginePython
 from tests.integrations.vllm.capture._cases import CASES, shrunk_config
 
@@ -128,7 +129,8 @@ def test_each_release_keeps_a_vllm_cache_of_its_own(engine_python_of: EnginePyth
     """vLLM's cache of what it learnt of a model class has one file per class whatever the
     release: shared, each release found the last one's stale and imported vLLM again in a
     subprocess. Each engine venv's processes get their own (``harness.VLLM_CACHE_PTH``),
-    unless the caller set one."""
+    unless the caller set one, filled for the suite's models when the venv was built
+    (``harness.vllm_cache``: one process, not one subprocess per class)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CACHE_ROOT"}
     show = "import os; print(os.environ['VLLM_CACHE_ROOT'])"
     roots = {}
@@ -139,6 +141,12 @@ def test_each_release_keeps_a_vllm_cache_of_its_own(engine_python_of: EnginePyth
         )
         roots[release] = Path(done.stdout.strip())
         assert roots[release] == python.parent.parent / "vllm-cache", roots
+        marker = json.loads((roots[release] / vllm_cache.MARKER).read_text())
+        assert marker == {"vllm": f"{release}.0", "architectures": ARCHITECTURES}
+        for model in ("llama-LlamaForCausalLM", "gemma4-Gemma4ForCausalLM"):
+            assert (
+                roots[release] / "modelinfos" / f"vllm-model_executor-models-{model}.json"
+            ).is_file()
     assert len(set(roots.values())) == len(RELEASES), roots
     chosen = subprocess.run(
         [str(python), "-c", show], env={**env, "VLLM_CACHE_ROOT": "/chosen"},
