@@ -280,17 +280,14 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
             *("--find-links", str(wheels)),
             *wanted_packages,
         ]
-        try:  # a wheelhouse that already holds the release's wheels needs no index at all
-            step(offline, f"install {wanted.package} and the test tools from {wheels}")
-        except EngineEnvError:
-            report(f"engine venv: {wanted.key}: {wheels} lacks wheels: downloading them")
-            with _locked(wheels):  # two builds never write one wheel at once
-                wheels.mkdir(parents=True, exist_ok=True)
-                step(
-                    [*pip, "download", "--dest", str(wheels), *wanted_packages],
-                    f"pip download {wanted.package} and the test tools into {wheels}",
-                )
-            step(offline, f"install {wanted.package} and the test tools from {wheels}")
+        _install_from_wheelhouse(
+            lambda: step(offline, f"install {wanted.package} and the test tools from {wheels}"),
+            lambda packages, what: step([*pip, "download", "--dest", str(wheels), *packages], what),
+            wanted,
+            wanted_packages,
+            wheels,
+            report,
+        )
         state = _probe(python)
         extras = [name for name in CUDA_EXTRAS if state["versions"][name]]
         if extras:
@@ -325,6 +322,37 @@ def ensure_engine_env(report: Report = print, release: str = DEFAULT_RELEASE) ->
         stamp.write_text(json.dumps(_stamp_wanted(wanted)))
         report(f"{label}: ready in {time.perf_counter() - started:.0f} s ({venv})")
         return python
+
+
+def _install_from_wheelhouse(
+    install: Callable[[], object],
+    download: Callable[[list[str], str], object],
+    release: Release,
+    packages: list[str],
+    wheels: Path,
+    report: Report,
+) -> None:
+    """Install ``packages`` offline from the wheelhouse, downloading into it what it lacks:
+    first the release's own wheel alone (``--no-deps``: its dependencies are mostly another
+    release's, already there -- pip resolving all of them takes some 50 s of CPU even when
+    every wheel is present, the one wheel 2 s), and everything only when that is not enough
+    (a cold wheelhouse, a dependency no other release has)."""
+    try:  # a wheelhouse that already holds the release's wheels needs no index at all
+        install()
+        return
+    except EngineEnvError:
+        report(f"engine venv: {release.key}: {wheels} lacks wheels: downloading them")
+    with _locked(wheels):  # two builds never write one wheel at once
+        wheels.mkdir(parents=True, exist_ok=True)
+        download(["--no-deps", release.package], f"pip download {release.package} alone")
+    try:
+        install()
+        return
+    except EngineEnvError:
+        report(f"engine venv: {release.key}: {wheels} lacks dependencies: downloading them")
+    with _locked(wheels):
+        download(packages, f"pip download {release.package} and the test tools into {wheels}")
+    install()
 
 
 @dataclass
