@@ -152,7 +152,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return  # an xdist worker, or a pytest an engine test started (in an engine venv)
     _WARM_SAID.extend(warming.finish() for warming in _WARMING)  # (said in the summary)
     _WARMING.clear()
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     left = _leftovers.reap(os.environ.get(_leftovers.RUN_VAR, ""))
     if left:
         lines = "\n".join(f"  {pid}: {line}" for pid, line in sorted(left.items()))
