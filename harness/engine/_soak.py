@@ -95,6 +95,12 @@ class Soak:
                 for r in s["processes"]
                 if r.startswith("VLLM::Worker")
             ],
+            "fewest_cpus": {
+                role: min(
+                    s["processes"][role]["cpus"] for s in self.samples if role in s["processes"]
+                )
+                for role in {r for s in self.samples for r in s["processes"]}
+            },
             "idle_over_floor_plus_reserve": len(over),
             "ledger_bytes": [self.samples[0]["ledger_bytes"], self.samples[-1]["ledger_bytes"]]
             if self.samples
@@ -115,7 +121,8 @@ def _status_kib(pid: int, key: str) -> int:
 
 def processes(group: int) -> dict[str, dict[str, int]]:
     """Every live process of process group ``group``, by role (its command name; the
-    leader is ``api``): anonymous RSS (KiB), open fds, ``/proc/PID/maps`` entries."""
+    leader is ``api``): anonymous RSS (KiB), open fds, ``/proc/PID/maps`` entries, the number
+    of cores its main thread may run on."""
     found: dict[str, dict[str, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -131,6 +138,7 @@ def processes(group: int) -> dict[str, dict[str, int]]:
                 "rss_anon_kib": _status_kib(pid, "RssAnon"),
                 "fds": len(os.listdir(f"/proc/{pid}/fd")),
                 "maps": len(Path(f"/proc/{pid}/maps").read_text().splitlines()),
+                "cpus": len(os.sched_getaffinity(pid)),
             }
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile

@@ -122,6 +122,13 @@ ENGINE_ENV = {
     # long before it sends them SIGTERM (its default, 5 s, is past the moment the engine's
     # client SIGKILLs the whole tree: every multiprocess engine of the suite took 5 s to stop)
     "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1",
+    # a multiprocess engine binds its worker's OpenMP thread, and with it the worker's whole
+    # forward, to one core: "auto" picks core 0 of this 2-core machine for every engine, so two
+    # servers (the soak's, or two tests at once) shared one core while the other idled. Unbound
+    # and one thread each (as vLLM serves on the CPU anyway), the kernel spreads them. A test
+    # that binds (TP, the nodes) sets its own.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
     **_leftovers.mark(),  # looked for once the suite is done
 }
 

@@ -5,6 +5,7 @@ with a neighbour killed (-9) and restarted, bursts of heavy-tailed requests, a n
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,17 @@ def test_memory_and_descriptors_stay_flat(summary: dict[str, Any]) -> None:
 def test_an_idle_engine_keeps_only_its_floor_and_reserve(summary: dict[str, Any]) -> None:
     assert summary["idle_over_floor_plus_reserve"] == 0, summary
     assert summary["limit_changes"] >= 5, summary
+
+
+def test_no_process_of_the_served_engine_is_bound_to_fewer_cores(summary: dict[str, Any]) -> None:
+    """vLLM's CPU build binds a multiprocess engine's worker to cores of its own choosing
+    (``VLLM_CPU_OMP_THREADS_BIND=auto``: core 0 of a 2-core machine for every engine); the
+    harness starts its engines unbound, so two servers share the machine, not one core."""
+    cores = len(os.sched_getaffinity(0))
+    assert summary["fewest_cpus"] and all(n == cores for n in summary["fewest_cpus"].values()), (
+        cores,
+        summary["fewest_cpus"],
+    )
 
 
 def test_the_neighbours_kills_are_survived(summary: dict[str, Any]) -> None:
