@@ -345,21 +345,19 @@ def _install_from_wheelhouse(
     release's, already there -- pip resolving all of them takes some 50 s of CPU even when
     every wheel is present, the one wheel 2 s), and everything only when that is not enough
     (a cold wheelhouse, a dependency no other release has)."""
-    try:  # a wheelhouse that already holds the release's wheels needs no index at all
-        install()
-        return
-    except EngineEnvError:
-        report(f"engine venv: {release.key}: {wheels} lacks wheels: downloading them")
-    with _locked(wheels):  # two builds never write one wheel at once
-        wheels.mkdir(parents=True, exist_ok=True)
-        download(["--no-deps", release.package], f"pip download {release.package} alone")
-    try:
-        install()
-        return
-    except EngineEnvError:
-        report(f"engine venv: {release.key}: {wheels} lacks dependencies: downloading them")
-    with _locked(wheels):
-        download(packages, f"pip download {release.package} and the test tools into {wheels}")
+    downloads = [  # what the wheelhouse lacks when the install before it fails
+        ("wheels", ["--no-deps", release.package], f"pip download {release.package} alone"),
+        ("dependencies", packages, f"pip download {release.package} and the test tools"),
+    ]
+    for lacks, download_packages, what in downloads:
+        try:  # a wheelhouse that already holds the release's wheels needs no index at all
+            install()
+            return
+        except EngineEnvError:
+            report(f"engine venv: {release.key}: {wheels} lacks {lacks}: downloading them")
+        with _locked(wheels):  # two builds never write one wheel at once
+            wheels.mkdir(parents=True, exist_ok=True)
+            download(download_packages, f"{what} into {wheels}")
     install()
 
 
