@@ -3,7 +3,7 @@
 shared group budget, every arm on the same traces, interleaved.
 
     python benchmarks/bench_colocation.py [--engines 2 3] [--trace heavy] [--seeds 1 2 3]
-        [--rounds 3] [--emulate h100] [--json OUT.json]
+        [--rounds 3] [--emulate h100] [--json OUT.json] [--profile DIR]
 
 Arms (the same budget: ``N`` shares of 24 blocks of 64 KiB):
 
@@ -260,7 +260,15 @@ def summarize(served: dict[str, Any], phase: str, requests: list[dict[str, Any]]
         "preemptions": sum(len(s["preempted"]) for s in steps),
         "schedule_s": round(sum(float(s["schedule_s"]) for s in steps), 4),
         "steps": len(steps),
+        "group_ops": group_ops(steps),
     }
+
+
+def group_ops(steps: list[dict[str, Any]]) -> int | None:
+    """A group member's locked ledger operations (asks, releases) over ``steps``; ``None``
+    outside a group (or a kvplan that does not count them)."""
+    counts = [int(s["group_ops"]) for s in steps if "group_ops" in s]
+    return counts[-1] - counts[0] if counts else None
 
 
 def claim_waits(steps: list[dict[str, Any]]) -> list[float]:
@@ -296,6 +304,7 @@ def start_arm(
     emulate: str | None,
     base_src: Path | None,
     src: Path | None = None,
+    profile: Path | None = None,
 ) -> list[co.Engine]:
     model = write_model("llama", work / "model")
     control = work / "control"
@@ -314,6 +323,7 @@ def start_arm(
                 traces[name],
                 engine=engine,
                 linger=True,  # until every arm served the round (``run_round``)
+                profile=None if profile is None else str(profile / f"{work.name}-{name}.prof"),
             )
         )
     return procs
@@ -350,6 +360,16 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
         "num_blocks": num_blocks,
         "phases": per_phase,
     }
+
+
+def profile_dir(args: argparse.Namespace, work: Path) -> Path | None:
+    """``--profile``: where this round's engines write their step profiles (``cProfile``)."""
+    profile = getattr(args, "profile", None)
+    if profile is None:
+        return None
+    folder = profile / work.name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
 
 
 def round_traces(
@@ -398,7 +418,7 @@ def run_round(
                 works[arm] = tmp / f"n{engines}-{args.trace}-{arm}"
                 procs[arm] = start_arm(
                     python, arm, engines, traces, works[arm], group, args.emulate,
-                    args.base_src, args.src,
+                    args.base_src, args.src, profile_dir(args, tmp),
                 )  # fmt: skip
             everyone = [p for ps in procs.values() for p in ps]
             t_ready = time.time()
@@ -561,6 +581,11 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=8.0, help="poisson: seconds")
     parser.add_argument("--emulate", help="KVPLAN_HOST_VMM_LATENCY for the kvplan arms")
     parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument(
+        "--profile", type=Path,
+        help="diagnosis: every engine's steps under cProfile, stats into this folder (slows "
+        "Python code: not for the ratios)",
+    )  # fmt: skip
     args = parser.parse_args()
     heavy = args.trace != "light"
     args.requests = args.requests or (32 if heavy else 16)

@@ -27,7 +27,9 @@ test to compare.
 Recorded per step (scheduler call): the wall time, every request's scheduled tokens, the
 preempted requests, the free-block counts vLLM took, and in elastic mode what the engine maps
 and what its group grants it. Per request: arrival (time and step), first-token and finish
-times, tokens. This file imports only vLLM, torch, kvplan and ``driver.py``.
+times, tokens. ``"profile": PATH``: every engine step runs under ``cProfile``, its stats
+written to ``PATH`` when the serve loop ends (a diagnosis: the profiler slows Python code). This
+file imports only vLLM, torch, kvplan and ``driver.py``.
 """
 
 from __future__ import annotations
@@ -203,6 +205,7 @@ class Recorder:
             group = side.group
             if group is not None:
                 entry["granted"] = int(group.granted)
+                entry["group_ops"] = int(getattr(group, "group_ops", 0))
                 entry["group_limit"] = int(group.effective_limit)
                 entry["asked"] = int(getattr(side, "asked", 0))  # older kvplan: no asks
                 entry["claim"] = int(group.claim)
@@ -351,6 +354,11 @@ def serve(
             (control / f"{name}.done-{phase}").write_text(f"{time.time()}\n")
 
     linger = bool(job.get("linger"))
+    profiler = None
+    if job.get("profile"):  # every engine step, dumped when the engine stops (``profile``)
+        import cProfile
+
+        profiler = cProfile.Profile()
     while pending or busy() or (linger and not stopped):
         now = time.time()
         if now >= next_look:
@@ -379,7 +387,12 @@ def serve(
             engine.add_request(r["id"], prompt_of(r["prompt"]), params(int(r["max_tokens"])))
             requests.added(r["id"], recorder.step)
         if busy():
-            for rid in requests.outputs(engine.step()):
+            if profiler is not None:
+                profiler.enable()
+            stepped = engine.step()
+            if profiler is not None:
+                profiler.disable()
+            for rid in requests.outputs(stepped):
                 waiting[requests.spec[rid]["phase"]].discard(rid)
             check_done()
         elif pending and pending[0]["phase"] in starts:
@@ -387,6 +400,8 @@ def serve(
         else:
             time.sleep(IDLE_POLL_SECONDS)  # no open phase: look at the control folder only
     check_done()
+    if profiler is not None:
+        profiler.dump_stats(job["profile"])
     if stopped:
         unfinished = [rid for rid, s in requests.state.items() if "finished" not in s]
         if unfinished:

@@ -121,3 +121,34 @@ def test_every_engine_lingers_until_every_arm_served_the_round(
     assert sorted(events[i][1] for i in ends) == [f"n2-heavy-{arm}" for arm in arms]
     assert min(ends) > last_go
     assert min(i for i, kind in enumerate(kinds) if kind == "result") > max(ends)
+
+
+def test_profile_gives_every_engine_of_every_arm_a_file_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--profile DIR``: each engine's steps under cProfile, written to a file named by its
+    arm and engine (none when the option is not given)."""
+    bench = load()
+    got: list[Any] = []
+    monkeypatch.setattr(bench, "write_model", lambda kind, folder: folder)
+    monkeypatch.setattr(
+        bench.co, "start_engine", lambda *args, **kwargs: got.append(kwargs.get("profile"))
+    )
+    (tmp_path / "g").mkdir()
+    traces: dict[str, list[Any]] = {"e0": [], "e1": []}
+    folder = tmp_path / "prof"
+    for arm in ("vanilla-split", "shared"):
+        work = tmp_path / f"n2-heavy-{arm}"
+        bench.start_arm(Path("python"), arm, 2, traces, work, tmp_path / "g", None, None, None,
+                        folder)  # fmt: skip
+    assert len(set(got)) == 4 and all(Path(p).parent == folder for p in got)
+    bench.start_arm(Path("python"), "shared", 2, traces, tmp_path / "w", tmp_path / "g", None,
+                    None)  # fmt: skip
+    assert got[4:] == [None, None]
+
+
+def test_a_members_group_operations_are_counted_over_its_burst() -> None:
+    bench = load()
+    steps = [{"group_ops": 5}, {"group_ops": 7}, {"group_ops": 12}]
+    assert bench.group_ops(steps) == 7
+    assert bench.group_ops([{"schedule_s": 0.1}]) is None  # vanilla: no group
