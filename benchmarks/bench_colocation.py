@@ -30,15 +30,16 @@ starts every arm's engines afresh**, warms them up with a few requests (not meas
 requests pay one-time costs), and serves every seed's trace as a phase of its own, the arms
 **interleaved**: for each seed every arm in an order rotated by round and seed, so that drift
 on a shared machine hits every arm alike, and what one process's luck costs (where its memory
-lies, when it started: single engines of one arm differ by 10-20 % per step) is drawn again
-each round rather than staying with one arm. Every engine stays up until all arms served the
-round's last phase: an engine that ends shuts vLLM down and writes its results, seconds of CPU
-that landed in the next arm's first burst while arms ended one by one. Reported, for each
-seed: each engine's TTFT p50/p90/p99 (from the request's arrival in the trace), its p50 and
-p99 over vanilla-split's and the total throughput, as the median over the rounds with the
-min-max (the ratios taken per round: same seed, same round), a group member's time from a
-claim to its grant (p50/p99 over the claims); the 1-minute load average at the end of every
-phase (in the JSON).
+lies, when it started) is drawn again each round rather than staying with one arm. What is
+left is the machine's own speed, which on the machine this was built on flips 1.5x within a
+second and drifts for minutes (``bench_machine.py``): read every ratio against the twin's.
+Every engine stays up until all arms served the round's last phase: an engine that ends shuts
+vLLM down and writes its results, seconds of CPU that landed in the next arm's first burst
+while arms ended one by one. Reported, for each seed: each engine's TTFT p50/p90/p99 (from the
+request's arrival in the trace), its p50 and p99 over vanilla-split's and the total throughput,
+as the median over the rounds with the min-max (the ratios taken per round: same seed, same
+round), a group member's time from a claim to its grant (p50/p99 over the claims); the 1-minute
+load average at the end of every phase (in the JSON).
 
 Traces (seeded):
 
