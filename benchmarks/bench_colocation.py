@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -79,6 +78,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from harness._figures import percentile  # noqa: E402
 from harness.engine import _colocation as co  # noqa: E402
 from harness.engine import harness  # noqa: E402
 from harness.engine._models import write_model  # noqa: E402
@@ -234,12 +234,6 @@ def shown(path: Path) -> str:
         return f"<outside the checkout>/{path.name}"
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (nearest rank: the value at or above a ``q`` share of the data)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def summarize(served: dict[str, Any], phase: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
     """One engine's figures for one phase (TTFT from the request's arrival in the trace)."""
     start = float(served["phase_starts"][phase])
@@ -250,6 +244,7 @@ def summarize(served: dict[str, Any], phase: str, requests: list[dict[str, Any]]
         ttft.append(state["first_token"] - (start + float(r["at"])))
         finished.append(state["finished"])
     steps = [s for s in served["steps"] if start <= s["t"] <= max(finished, default=start)]
+    before = [s for s in served["steps"] if s["t"] < start][-1:]  # the warm-up's last step
     return {
         "requests": len(mine),
         "claims_s": claim_waits(steps),
@@ -261,13 +256,14 @@ def summarize(served: dict[str, Any], phase: str, requests: list[dict[str, Any]]
         "preemptions": sum(len(s["preempted"]) for s in steps),
         "schedule_s": round(sum(float(s["schedule_s"]) for s in steps), 4),
         "steps": len(steps),
-        "group_ops": group_ops(steps),
+        "group_ops": group_ops(before + steps),
     }
 
 
 def group_ops(steps: list[dict[str, Any]]) -> int | None:
-    """A group member's locked ledger operations (asks, releases) over ``steps``; ``None``
-    outside a group (or a kvplan that does not count them)."""
+    """A group member's locked ledger operations (asks, releases) after the first of
+    ``steps`` (each records the member's count so far); ``None`` outside a group (or a kvplan
+    that does not count them)."""
     counts = [int(s["group_ops"]) for s in steps if "group_ops" in s]
     return counts[-1] - counts[0] if counts else None
 
@@ -365,10 +361,9 @@ def run(args: argparse.Namespace, engines: int, python: Path, tmp: Path) -> dict
 
 def profile_dir(args: argparse.Namespace, work: Path) -> Path | None:
     """``--profile``: where this round's engines write their step profiles (``cProfile``)."""
-    profile = getattr(args, "profile", None)
-    if profile is None:
+    if args.profile is None:
         return None
-    folder = profile / work.name
+    folder = args.profile / work.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder.resolve()
 

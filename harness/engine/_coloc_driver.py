@@ -387,11 +387,7 @@ def serve(
             engine.add_request(r["id"], prompt_of(r["prompt"]), params(int(r["max_tokens"])))
             requests.added(r["id"], recorder.step)
         if busy():
-            if profiler is not None:
-                profiler.enable()
-            stepped = engine.step()
-            if profiler is not None:
-                profiler.disable()
+            stepped = engine.step() if profiler is None else profiler.runcall(engine.step)
             for rid in requests.outputs(stepped):
                 waiting[requests.spec[rid]["phase"]].discard(rid)
             check_done()

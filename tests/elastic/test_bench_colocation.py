@@ -110,7 +110,7 @@ def test_every_engine_lingers_until_every_arm_served_the_round(
     arms = ["vanilla-split", "vanilla-split-twin"]
     args = argparse.Namespace(
         trace="heavy", seeds=[7, 42], arms=arms, requests=2, ramp=0.5, stagger=7.0, cycles=1,
-        base_src=None, src=None, emulate=None,
+        base_src=None, src=None, emulate=None, profile=None,
     )  # fmt: skip
     bench.run_round(args, 2, Path("python"), tmp_path / "r0", [(0, 7, "p7"), (0, 42, "p42")])
     assert started == [True] * 4
