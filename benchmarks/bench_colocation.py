@@ -80,7 +80,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from harness._figures import percentile  # noqa: E402
 from harness.engine import _colocation as co  # noqa: E402
-from harness.engine import harness  # noqa: E402
+from harness.engine import _leftovers, harness  # noqa: E402
 from harness.engine._models import write_model  # noqa: E402
 
 ENGINE = {**co.ENGINE, "max_model_len": 256, "max_num_seqs": 16}
@@ -618,4 +618,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_leftovers.as_a_run(main))

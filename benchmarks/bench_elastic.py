@@ -511,4 +511,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.engine import _leftovers
+
+    sys.exit(_leftovers.as_a_run(main))

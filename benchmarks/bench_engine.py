@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from harness.engine import cases, harness  # noqa: E402
+from harness.engine import _leftovers, cases, harness  # noqa: E402
 from harness.engine._models import write_model  # noqa: E402
 
 ARMS = {
@@ -109,4 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_leftovers.as_a_run(main))

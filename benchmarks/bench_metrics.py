@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.engine import harness  # noqa: E402
+from harness.engine import _leftovers, harness  # noqa: E402
 from harness.engine._models import write_model  # noqa: E402
 from harness.engine._server import (  # noqa: E402
     MODEL_NAME,
@@ -165,4 +165,4 @@ def read_stats(dump: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_leftovers.as_a_run(main))

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.engine import _leftovers, harness
 from harness.engine import _soak as soak
-from harness.engine import harness
 from harness.engine._models import write_model
 from harness.engine._weights import write_weights
 
@@ -73,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_leftovers.as_a_run(main))

@@ -143,7 +143,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In the main process, once every test is done: no engine process is left (vLLM's
     engine cores and workers, a second node's tree, Ray's daemons); any that outlives a grace
-    is killed, and fails the run."""
+    is killed, and fails the run. The engines' temporary directory goes with a run that
+    passed (``_leftovers.end_run``)."""
     from harness.engine import _leftovers
 
     for watch in _WATCH:
@@ -153,12 +154,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _WARM_SAID.extend(warming.finish() for warming in _WARMING)  # (said in the summary)
     _WARMING.clear()
     left = _leftovers.reap(os.environ.get(_leftovers.RUN_VAR, ""))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if left:
         lines = "\n".join(f"  {pid}: {line}" for pid, line in sorted(left.items()))
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"engine processes outlived the suite (killed now):\n{lines}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    kept = _leftovers.end_run(passed=session.exitstatus == pytest.ExitCode.OK)
+    if kept and reporter is not None:
+        reporter.write_line(f"the engines' temporary files of this failed run: {kept}")
 
 
 @pytest.hookimpl(optionalhook=True)  # an engine venv's pytest has no xdist

@@ -1,11 +1,15 @@
 """The suite's look for engine processes that outlived it (``harness/engine/_leftovers``):
-marked processes of this run are found and killed, others are left alone."""
+marked processes of this run are found and killed, others are left alone; what vLLM leaves in
+the temporary directory goes with the run."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -51,10 +55,10 @@ def test_reaping_waits_for_processes_that_end_within_the_grace() -> None:
 
 
 def test_engine_processes_carry_this_runs_mark() -> None:
-    from harness.engine.harness import ENGINE_ENV
+    from harness.engine.harness import engine_env
 
     run = os.environ[_leftovers.RUN_VAR]
-    assert run and ENGINE_ENV[_leftovers.MARK_VAR] == run
+    assert run and engine_env()[_leftovers.MARK_VAR] == run
     assert _leftovers.MARK_VAR not in os.environ  # the pytest processes are not marked
     assert _leftovers.leftovers("") == {}
 
@@ -63,7 +67,10 @@ def test_a_session_started_inside_a_run_marks_a_run_of_its_own() -> None:
     """A pytest a test starts inherits the outer run's id; its end (or its watch) reaps only
     its own run, never the outer run's live engines."""
     outer = os.environ[_leftovers.RUN_VAR]
-    code = "from harness.engine import _leftovers; print(_leftovers.start_run())"
+    code = (
+        "import os; from harness.engine import _leftovers; print(_leftovers.start_run()); "
+        "os.rmdir(os.environ[_leftovers.SCRATCH_VAR])"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).parents[1],
@@ -71,3 +78,61 @@ def test_a_session_started_inside_a_run_marks_a_run_of_its_own() -> None:
     )  # fmt: skip
     inner = done.stdout.strip()
     assert inner and inner != outer
+
+
+_LEAVES = """
+import os, subprocess, sys
+from harness.engine.harness import engine_env
+
+SHOW = (
+    "import os, tempfile\\n"
+    "from vllm.utils.network_utils import get_file_store_init_method, get_open_zmq_ipc_path\\n"
+    "ipc, dist = get_open_zmq_ipc_path(), get_file_store_init_method()\\n"
+    "open(ipc.removeprefix('ipc://'), 'w').close()  # what a killed engine leaves\\n"
+    "open(dist.removeprefix('file://'), 'w').close()\\n"
+    "print(tempfile.gettempdir(), ipc, dist, os.environ['TORCHINDUCTOR_CACHE_DIR'])\\n"
+)
+
+def test_an_engine_leaves_files():
+    said = subprocess.run([sys.executable, "-c", SHOW], env=engine_env(), capture_output=True,
+                          text=True, timeout=300, check=True).stdout.split()
+    print("SAID", *said)
+    assert os.environ.get("FAIL_IT") != "1"
+"""
+
+
+def _session(tmp_path: Path, fail: bool) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """A session of the suite's conftest (no xdist) whose one test starts a process with an
+    engine's environment that makes vLLM's socket and rendezvous paths and files there."""
+    (tmp_path / "test_leaves.py").write_text(textwrap.dedent(_LEAVES))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-s", "-o", "addopts=",
+         "-p", "no:cacheprovider", str(tmp_path / "test_leaves.py")],
+        cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "FAIL_IT": "1" if fail else "0"},
+    )  # fmt: skip
+    said = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("SAID"))
+    return done, said
+
+
+def test_the_engines_temporary_files_go_with_a_run_that_passed(tmp_path: Path) -> None:
+    """vLLM's ZeroMQ socket and file-store rendezvous paths (what a killed engine leaves in
+    ``/tmp``), and the temporary directory itself, are the run's own directory; torch's
+    compile cache is not (it persists); the session removes the directory once it passed."""
+    done, (temp, ipc, dist, inductor) = _session(tmp_path, fail=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    scratch = Path(temp)
+    assert scratch.name.startswith("kvplan-run-") and scratch.parent == Path(tempfile.gettempdir())
+    assert ipc.startswith(f"ipc://{scratch}/") and dist.startswith(f"file://{scratch}/vllm_dist_")
+    assert not Path(inductor).is_relative_to(scratch)
+    assert not scratch.exists()  # the socket and rendezvous files went with it
+
+
+def test_a_failed_run_keeps_the_engines_temporary_files_and_says_where(tmp_path: Path) -> None:
+    done, (temp, ipc, _, _) = _session(tmp_path, fail=True)
+    try:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"the engines' temporary files of this failed run: {temp}" in done.stdout
+        assert Path(ipc.removeprefix("ipc://")).exists()
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.engine.harness import ENGINE_ENV, kvplan_env
+from harness.engine.harness import engine_env, kvplan_env
 
 COLOC_DRIVER = Path(__file__).resolve().parent / "_coloc_driver.py"
 
@@ -235,9 +235,7 @@ def _launch(
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job))
     log_path = workdir / "engine.log"
-    process_env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    process_env.pop("PYTHONPATH", None)
-    process_env.update(ENGINE_ENV)
+    process_env = engine_env()
     process_env.update(env)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -9,36 +9,90 @@ and workers, a second node's process tree, Ray's daemons. The pytest processes t
 carry only :data:`RUN_VAR`. When the session ends, :func:`leftovers` lists the processes still
 marked with this run's id (read from ``/proc/PID/environ``); the suite waits a grace for them,
 then kills them and fails (``tests/conftest.py``).
+
+The run also gives its engines a temporary directory of their own (:data:`SCRATCH_VAR`, made
+by :func:`start_run`): vLLM puts its ZeroMQ sockets (``VLLM_RPC_BASE_PATH``), its file-store
+rendezvous (``vllm_dist_*``) and Ray its sessions under the system's temporary directory, and a
+process killed or stopped by a signal leaves them there -- about 400 entries in ``/tmp`` a
+run of the suite before. :func:`mark` points ``TMPDIR`` and ``VLLM_RPC_BASE_PATH`` of every
+engine process there (torch's compile cache stays where it was, so it still persists), and
+the session removes the directory once it has passed (kept, and said, when it failed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
+import re
+import shutil
 import signal
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 RUN_VAR = "ENGINE_TEST_RUN"
 MARK_VAR = "ENGINE_TEST_MARK"
+SCRATCH_VAR = "ENGINE_TEST_SCRATCH"
 GRACE_S = 15.0
 """Seconds an engine process may outlive the last test (vLLM's own shutdown of a worker
 that is still stopping takes up to 10 s) before it counts as left behind."""
 
 
 def start_run() -> str:
-    """In the session's main process: a fresh id for this run. Always fresh: a pytest that a
-    test starts inherits the outer run's variable, and keeping it would let that inner
-    session's end (or its watch) kill the outer run's live engines."""
+    """In the session's main process: a fresh id for this run, and the temporary directory
+    its engines use (module doc). Always fresh: a pytest that a test starts inherits the outer
+    run's variable, and keeping it would let that inner session's end (or its watch) kill the
+    outer run's live engines."""
     os.environ[RUN_VAR] = uuid.uuid4().hex
+    os.environ[SCRATCH_VAR] = tempfile.mkdtemp(prefix="kvplan-run-")
     return os.environ[RUN_VAR]
 
 
 def mark() -> dict[str, str]:
-    """The variable engine processes are started with (none outside a test session)."""
+    """The variables engine processes are started with (none outside a test session): this
+    run's mark, and its temporary directory for what vLLM and Ray leave behind."""
     run = os.environ.get(RUN_VAR, "")
-    return {MARK_VAR: run} if run else {}
+    if not run:
+        return {}
+    marked = {MARK_VAR: run}
+    scratch = os.environ.get(SCRATCH_VAR, "")
+    if scratch:
+        marked.update(
+            TMPDIR=scratch,
+            VLLM_RPC_BASE_PATH=scratch,
+            TORCHINDUCTOR_CACHE_DIR=os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            or _inductor_cache_dir(),
+        )
+    return marked
+
+
+def _inductor_cache_dir() -> str:
+    """Where torch keeps its compile cache by default (``torchinductor_<user>`` under the
+    temporary directory, as ``torch._inductor.runtime.cache_dir_utils`` names it)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    )
+
+
+def end_run(passed: bool) -> str | None:
+    """In the session's main process, once no engine is left: remove the run's temporary
+    directory if the run passed; else keep it and return where it is (vLLM's and Ray's
+    files of a failed run)."""
+    scratch = os.environ.get(SCRATCH_VAR, "")
+    if not scratch or not os.path.isdir(scratch):
+        return None
+    if passed:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    return scratch
 
 
 def leftovers(run: str, proc: Path = Path("/proc")) -> dict[int, str]:
@@ -74,3 +128,21 @@ def reap(run: str, grace: float = GRACE_S) -> dict[int, str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def as_a_run(main: Callable[[], int]) -> int:
+    """A benchmark's ``main`` as a run of its own: its engines marked and given the run's
+    temporary directory; at its end, engine processes still alive are killed (said on
+    stderr) and the directory removed (kept, and said, if ``main`` failed)."""
+    start_run()
+    code = 1
+    try:
+        code = main()
+    finally:
+        left = reap(os.environ[RUN_VAR])
+        for pid, line in sorted(left.items()):
+            print(f"engine process outlived the run (killed): {pid}: {line}", file=sys.stderr)
+        kept = end_run(passed=code == 0 and not left)
+        if kept:
+            print(f"the engines' temporary files of this run: {kept}", file=sys.stderr)
+    return code

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engine._models import BLOCK_SIZE
-from harness.engine.harness import ENGINE_ENV
+from harness.engine.harness import engine_env
 
 CLIENT = Path(__file__).resolve().parent / "_client.py"
 MODEL_NAME = "kvplan-tiny"
@@ -67,12 +67,9 @@ def free_port() -> int:
 
 
 def server_env(kvplan: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: this process's, without ``KVPLAN_*``/``VLLM_*``/PYTHONPATH,
-    the engine settings of ``harness.ENGINE_ENV`` except ``VLLM_ENABLE_V1_MULTIPROCESSING``
-    (left at vLLM's default), then ``kvplan`` (the plugin's settings) and ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update({k: v for k, v in ENGINE_ENV.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+    """The server's environment: ``harness.engine_env`` with vLLM's multiprocessing (its
+    default), then ``kvplan`` (the plugin's settings) and ``extra``."""
+    env = engine_env(multiprocessing=True)
     env.update(kvplan)
     env.update(extra or {})
     return env

@@ -129,8 +129,24 @@ ENGINE_ENV = {
     # that binds (TP, the nodes) sets its own.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
-    **_leftovers.mark(),  # looked for once the suite is done
 }
+"""The engine settings every engine process of the tests and benchmarks starts with (through
+:func:`engine_env`, which adds this run's mark)."""
+
+
+def engine_env(*, multiprocessing: bool = False) -> dict[str, str]:
+    """The environment an engine process starts with: this process's without ``KVPLAN_*``,
+    ``VLLM_*`` and ``PYTHONPATH``, then :data:`ENGINE_ENV` (``VLLM_ENABLE_V1_MULTIPROCESSING``
+    left at vLLM's default when ``multiprocessing``), then the run's mark and temporary
+    directory (``_leftovers.mark``, read now: none outside a run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(ENGINE_ENV)
+    if multiprocessing:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    env.update(_leftovers.mark())  # looked for once the suite is done
+    return env
+
 
 Report = Callable[[str], None]
 
@@ -500,11 +516,7 @@ def run_engines(
     }
     job_path, result_path = workdir / "job.json", workdir / "result.json"
     job_path.write_text(json.dumps(job, indent=1))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(ENGINE_ENV)
-    if multiprocessing:
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env = engine_env(multiprocessing=multiprocessing)
     env.update(extra_env or {})
     started = time.perf_counter()
     command = [str(python), str(DRIVER), str(job_path), str(result_path)]

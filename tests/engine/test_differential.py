@@ -18,7 +18,6 @@ not yet fixed) must keep failing with the reported error; everything else must p
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import tomllib
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine.cases import RELEASE_CASES
-from harness.engine.harness import DEFAULT_RELEASE, ENGINE_ENV, ROOT
+from harness.engine.harness import DEFAULT_RELEASE, ROOT, engine_env
 from tests.engine.conftest import EnginePython
 
 SUITE = "tests/integrations/vllm/capture/test_differential.py"
@@ -52,9 +51,7 @@ on 0.32's (its elastic suite) and goes on with 0.29's."""
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(ENGINE_ENV)
+    env = engine_env()
     return env
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from harness import vllm_cache
 from harness.engine.cases import RELEASE_CASES
-from harness.engine.harness import ARCHITECTURES, ENGINE_ENV
+from harness.engine.harness import ARCHITECTURES, engine_env
 from tests.engine.conftest import EnginePython
 from tests.integrations.vllm.capture._cases import CASES, shrunk_config
 
@@ -34,9 +34,7 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 def _kvplan(
     python: Path, *args: str, cwd: Path, extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPLAN_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(ENGINE_ENV)
+    env = engine_env()
     env.update(extra or {})
     return subprocess.run(
         [str(python), "-m", "kvplan", *args],
