@@ -6,6 +6,7 @@ stacks of its whole process tree before it is killed."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -138,3 +139,5 @@ def test_a_stuck_xdist_session_ends_through_the_suites_own_controller(tmp_path: 
     assert "holds 1: " in done.stdout and "test_waits.py::test_waits" in done.stdout
     assert "timed unit keeper none" in done.stdout
     assert "killed 0 engine processes of this run" in done.stdout
+    kept = done.stdout.split("the engines' temporary files of this failed run: ", 1)[1]
+    shutil.rmtree(kept.split()[0])  # kept, as a failed run's are, and said
