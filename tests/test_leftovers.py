@@ -60,6 +60,8 @@ def test_engine_processes_carry_this_runs_mark() -> None:
     run = os.environ[_leftovers.RUN_VAR]
     assert run and engine_env()[_leftovers.MARK_VAR] == run
     assert _leftovers.MARK_VAR not in os.environ  # the pytest processes are not marked
+    # ... but their vLLM (the CLI's engine clients) makes its sockets in the run's directory
+    assert os.environ["VLLM_RPC_BASE_PATH"] == os.environ[_leftovers.SCRATCH_VAR]
     assert _leftovers.leftovers("") == {}
 
 

@@ -15,8 +15,9 @@ by :func:`start_run`): vLLM puts its ZeroMQ sockets (``VLLM_RPC_BASE_PATH``), it
 rendezvous (``vllm_dist_*``) and Ray its sessions under the system's temporary directory, and a
 process killed or stopped by a signal leaves them there -- about 400 entries in ``/tmp`` a
 run of the suite before. :func:`mark` points ``TMPDIR`` and ``VLLM_RPC_BASE_PATH`` of every
-engine process there (torch's compile cache stays where it was, so it still persists), and
-the session removes the directory once it has passed (kept, and said, when it failed).
+engine process there (torch's compile cache stays where it was, so it still persists) -- and
+``VLLM_RPC_BASE_PATH`` of the session's own processes, whose vLLM makes sockets too -- and the
+session removes the directory once it has passed (kept, and said, when it failed).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def start_run() -> str:
     outer run's live engines."""
     os.environ[RUN_VAR] = uuid.uuid4().hex
     os.environ[SCRATCH_VAR] = tempfile.mkdtemp(prefix="kvplan-run-")
+    # the session's own processes too: a CLI test's vLLM 0.33 engine client makes sockets
+    os.environ["VLLM_RPC_BASE_PATH"] = os.environ[SCRATCH_VAR]
     return os.environ[RUN_VAR]
 
 
