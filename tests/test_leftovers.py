@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.engine import _leftovers
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -138,3 +140,43 @@ def test_a_failed_run_keeps_the_engines_temporary_files_and_says_where(tmp_path:
         assert Path(ipc.removeprefix("ipc://")).exists()
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+_BENCHMARK = """
+import os, subprocess, sys, time
+from harness.engine import _leftovers
+from harness.engine.harness import engine_env
+
+def main():
+    if os.environ.get("LEAVE_ONE") == "1":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=engine_env())
+        time.sleep(0.5)
+    print(os.environ[_leftovers.SCRATCH_VAR], flush=True)
+    return 0
+
+sys.exit(_leftovers.as_a_run(main))
+"""
+
+
+@pytest.mark.parametrize("leave_one", [False, True], ids=["clean", "an-engine-left"])
+def test_a_benchmark_run_kills_its_engines_and_removes_their_temporary_files(
+    leave_one: bool,
+) -> None:
+    """``as_a_run`` (the benchmarks' main): the run's temporary directory goes with a run
+    that returned 0; an engine process left running is killed and said, and the directory
+    kept and named (what the benchmark got wrong)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _BENCHMARK], cwd=Path(__file__).parents[1], capture_output=True,
+        text=True, timeout=120, check=False,
+        env={**os.environ, "LEAVE_ONE": "1" if leave_one else "0"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scratch = Path(done.stdout.strip())
+    assert scratch.name.startswith("kvplan-run-")
+    if not leave_one:
+        assert not scratch.exists() and done.stderr == ""
+        return
+    shutil.rmtree(scratch)
+    assert "engine process outlived the run (killed): " in done.stderr
+    assert "time.sleep(120)" in done.stderr
+    assert f"the engines' temporary files of this run: {scratch}" in done.stderr

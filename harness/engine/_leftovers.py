@@ -136,7 +136,8 @@ def reap(run: str, grace: float = GRACE_S) -> dict[int, str]:
 def as_a_run(main: Callable[[], int]) -> int:
     """A benchmark's ``main`` as a run of its own: its engines marked and given the run's
     temporary directory; at its end, engine processes still alive are killed (said on
-    stderr) and the directory removed (kept, and said, if ``main`` failed)."""
+    stderr) and the directory removed -- kept, and said, if ``main`` failed or left an engine
+    running (the benchmark's fault: its files tell what)."""
     start_run()
     code = 1
     try:
