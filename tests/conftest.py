@@ -97,7 +97,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-KEPT_SAID = "the engines' temporary files of this failed run: "
 _DEADLINE = _deadline.TestDeadline()
 _WATCH: list[_deadline.Silence] = []
 _SCHEDULER: list[Any] = []
@@ -134,7 +133,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         write(f"killed {len(left)} engine processes of this run")
         kept = _leftovers.end_run(passed=False)
         if kept:
-            write(f"{KEPT_SAID}{kept}")
+            write(f"{_leftovers.KEPT_SAID}{kept}")
 
     _WATCH.append(_deadline.Silence(write=write, state=state, on_fire=reap).start())
 
@@ -166,7 +165,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     kept = _leftovers.end_run(passed=session.exitstatus == pytest.ExitCode.OK)
     if kept and reporter is not None:
-        reporter.write_line(f"{KEPT_SAID}{kept}")
+        reporter.write_line(f"{_leftovers.KEPT_SAID}{kept}")
 
 
 @pytest.hookimpl(optionalhook=True)  # an engine venv's pytest has no xdist

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import harness
+from harness.engine import _leftovers, harness
 from tests import _deadline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,5 +139,5 @@ def test_a_stuck_xdist_session_ends_through_the_suites_own_controller(tmp_path: 
     assert "holds 1: " in done.stdout and "test_waits.py::test_waits" in done.stdout
     assert "timed unit keeper none" in done.stdout
     assert "killed 0 engine processes of this run" in done.stdout
-    kept = done.stdout.split("the engines' temporary files of this failed run: ", 1)[1]
+    kept = done.stdout.split(_leftovers.KEPT_SAID, 1)[1]
     shutil.rmtree(kept.split()[0])  # kept, as a failed run's are, and said

@@ -136,7 +136,7 @@ def test_a_failed_run_keeps_the_engines_temporary_files_and_says_where(tmp_path:
     done, (temp, ipc, _, _) = _session(tmp_path, fail=True)
     try:
         assert done.returncode == 1, done.stdout + done.stderr
-        assert f"the engines' temporary files of this failed run: {temp}" in done.stdout
+        assert f"{_leftovers.KEPT_SAID}{temp}" in done.stdout
         assert Path(ipc.removeprefix("ipc://")).exists()
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -179,4 +179,4 @@ def test_a_benchmark_run_kills_its_engines_and_removes_their_temporary_files(
     shutil.rmtree(scratch)
     assert "engine process outlived the run (killed): " in done.stderr
     assert "time.sleep(120)" in done.stderr
-    assert f"the engines' temporary files of this run: {scratch}" in done.stderr
+    assert f"{_leftovers.KEPT_SAID}{scratch}" in done.stderr

@@ -38,6 +38,8 @@ from pathlib import Path
 RUN_VAR = "ENGINE_TEST_RUN"
 MARK_VAR = "ENGINE_TEST_MARK"
 SCRATCH_VAR = "ENGINE_TEST_SCRATCH"
+KEPT_SAID = "the engines' temporary files of this failed run: "
+"""What a run that keeps its temporary directory says, before the directory's path."""
 GRACE_S = 15.0
 """Seconds an engine process may outlive the last test (vLLM's own shutdown of a worker
 that is still stopping takes up to 10 s) before it counts as left behind."""
@@ -148,5 +150,5 @@ def as_a_run(main: Callable[[], int]) -> int:
             print(f"engine process outlived the run (killed): {pid}: {line}", file=sys.stderr)
         kept = end_run(passed=code == 0 and not left)
         if kept:
-            print(f"the engines' temporary files of this run: {kept}", file=sys.stderr)
+            print(f"{KEPT_SAID}{kept}", file=sys.stderr)
     return code

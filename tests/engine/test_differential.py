@@ -50,11 +50,6 @@ RELEASES = sorted(RELEASE_CASES, key=lambda release: (release != DEFAULT_RELEASE
 on 0.32's (its elastic suite) and goes on with 0.29's."""
 
 
-def _env() -> dict[str, str]:
-    env = engine_env()
-    return env
-
-
 def _junit(report: Path) -> dict[str, tuple[str, str]]:
     """Every test case of a junit report: name -> (``passed``/``failed``/``skipped``, text)."""
     root = ET.parse(report).getroot()
@@ -87,7 +82,7 @@ def test_differential_suite_passes_on_each_release(
             "-p", "no:cacheprovider", f"--junitxml={report}", "-k", keep,
             "-o", NO_XDIST,
         ],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800, check=False,
+        cwd=ROOT, env=engine_env(), capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
     lines = (done.stdout + done.stderr).splitlines()
     errors = [line for line in lines if line.startswith("E ")][:30]  # pytest's error lines
@@ -148,7 +143,7 @@ def test_left_out_cases_fail_in_vanilla_vllm(
     assert cases, words
     done = subprocess.run(
         [str(engine_python_of(release)), "-c", _CONFIGURE, str(tmp_path), "llama", *cases],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT, env=engine_env(), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     out = done.stdout + done.stderr
     said = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
