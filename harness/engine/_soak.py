@@ -14,6 +14,12 @@ engine core, worker) its anonymous RSS, open fds and ``/proc/PID/maps`` entries;
 bytes its stats file reports (``KVPLAN_CACHE_LIMIT=0``: an idle engine keeps only its null
 block and reserve); the ledger's size. Every request's outcome is kept.
 
+The control (``control=True``): a third server, vanilla vLLM with no kvplan, gets every burst
+too -- the same requests, sent at the same time as ``served``'s -- and after each burst the
+same per-process sample: what vLLM's own processes do under this load, measured beside the
+soak rather than after it (the suite's soak used to spend longer replaying its bursts than
+running them).
+
 Only the standard library (and kvplan's CLI, run as a subprocess): the test suite's env.
 """
 
@@ -65,6 +71,10 @@ class Soak:
     served_exit: int | None = None
     leftovers: bool = True
     load1: list[float] = field(default_factory=list)
+    vanilla_samples: list[dict[str, Any]] = field(default_factory=list)
+    """The control's samples (``run(control=True)``), one after each burst, processes only."""
+    vanilla_errors: list[str] = field(default_factory=list)
+    """The control's failed requests (none expected: vanilla vLLM under the same load)."""
 
     def summary(self, warmup: float = 0.25) -> dict[str, Any]:
         """What the reports print: request outcomes, limit changes, neighbour kills, each
@@ -106,6 +116,9 @@ class Soak:
             if self.samples
             else [],
             "load1_max": max(self.load1, default=0.0),
+            "vanilla_bursts": len(self.vanilla_samples),
+            "vanilla_errors": len(self.vanilla_errors),
+            "vanilla_drift": drift(self.vanilla_samples, warmup),
             "served_alive": self.served_alive,
             "served_exit": self.served_exit,
             "leftover_processes": self.leftovers,
@@ -257,6 +270,61 @@ class _Neighbour:
             self.server.kill()
 
 
+class _Control:
+    """The vanilla twin of ``served``: each burst's requests at the same time, a sample after."""
+
+    PAUSE = 0.5
+    """Seconds between the end of a burst and its sample (the engine settles)."""
+
+    def __init__(self, python: Path, model: Path, work: Path, soak: Soak) -> None:
+        self.python, self.work, self.soak = python, work, soak
+        self.server: Server | None = None
+        self.failed: BaseException | None = None
+        self.sending: threading.Thread | None = None
+        self.ended = 0.0
+        self.starting = threading.Thread(target=self._start, args=(model,), daemon=True)
+        self.starting.start()
+
+    def _start(self, model: Path) -> None:
+        try:
+            self.server = start_server("vanilla", self.python, model, self.work, OPTIONS, {})
+        except BaseException as exc:  # said by ready()
+            self.failed = exc
+
+    def ready(self) -> None:
+        self.starting.join(900)
+        if self.failed is not None:
+            raise self.failed
+        assert self.server is not None and self.server.process is not None
+
+    def send(self, job: dict[str, Any]) -> None:
+        assert self.server is not None
+        twin = {**job, "name": "vanilla-" + job["name"], "base_url": self.server.url}
+        self.sending = threading.Thread(target=self._send, args=(twin,), daemon=True)
+        self.sending.start()
+
+    def _send(self, job: dict[str, Any]) -> None:
+        try:
+            outcome = run_client(self.python, job, self.work / "vanilla-client", timeout=600)
+            self.soak.vanilla_errors += outcome.errors()
+        except AssertionError as exc:
+            self.soak.vanilla_errors.append(str(exc)[:2000])
+        self.ended = time.monotonic()
+
+    def sample(self, burst: int) -> None:
+        assert self.sending is not None and self.server is not None
+        self.sending.join(600)
+        time.sleep(max(0.0, self.ended + self.PAUSE - time.monotonic()))
+        assert self.server.process is not None
+        pid = self.server.process.pid
+        self.soak.vanilla_samples.append({"burst": burst, "processes": processes(pid)})
+
+    def close(self) -> None:
+        self.starting.join(900)
+        if self.server is not None:
+            self.server.kill()
+
+
 def run(
     python: Path,
     model: Path,
@@ -266,11 +334,14 @@ def run(
     limit_every_s: float = 20.0,
     kill_every_s: float = 180.0,
     seed: int = 0,
+    control: bool = True,
     progress: Callable[[str], None] = lambda _: None,
 ) -> Soak:
-    """Run the soak for ``seconds`` of load (see the module doc)."""
-    rng, limits = random.Random(seed), random.Random(seed + 1)  # requests as in :func:`control`
+    """Run the soak for ``seconds`` of load, with its vanilla control beside it unless
+    ``control`` is false (see the module doc)."""
+    rng, limits = random.Random(seed), random.Random(seed + 1)
     soak = Soak(seconds=seconds)
+    twin = _Control(python, model, work, soak) if control else None
     dumps = {name: work / f"dump-{name}" for name in ("served", "neighbour")}
     with co.group_directory(work) as group:
 
@@ -281,9 +352,12 @@ def run(
                 KVPLAN_CACHE_LIMIT="0",
             )  # fmt: skip
 
-        served = start_server("served", python, model, work, OPTIONS, env("served"))
         neighbour: _Neighbour | None = None
+        served: Server | None = None
         try:
+            served = start_server("served", python, model, work, OPTIONS, env("served"))
+            if twin is not None:
+                twin.ready()
             neighbour = _Neighbour(
                 lambda: start_server("neighbour", python, model, work, OPTIONS, env("neighbour")),
                 python, work, soak,
@@ -296,6 +370,8 @@ def run(
             while time.monotonic() - t0 < seconds:
                 burst += 1
                 job = _burst(f"burst-{burst}", served.url, rng, first=burst == 1)
+                if twin is not None:
+                    twin.send(job)
                 outcome = run_client(python, job, work / "client", timeout=600)
                 soak.requests += [_outcome(r, burst=burst) for r in outcome.requests]
                 stats = _wait_idle(dumps["served"])
@@ -310,6 +386,8 @@ def run(
                     "limit_bytes": stats.get("limit_bytes", -1),
                     "ledger_bytes": ledger.stat().st_size if ledger.exists() else -1,
                 })  # fmt: skip
+                if twin is not None:
+                    twin.sample(burst)
                 soak.load1.append(os.getloadavg()[0])
                 now = time.monotonic()
                 if now >= next_limit:
@@ -336,33 +414,13 @@ def run(
             soak.served_exit = served.stop()
             soak.leftovers = served.leftover_processes()
         finally:
-            served.kill()
+            if served is not None:
+                served.kill()
             if neighbour is not None:
                 neighbour.close()
+            if twin is not None:
+                twin.close()
     return soak
-
-
-def control(
-    python: Path, model: Path, work: Path, *, bursts: int, seed: int = 0
-) -> list[dict[str, Any]]:
-    """The same bursts (the same seed: the same requests) on vanilla vLLM, one server, no
-    kvplan: what vLLM's own processes do under this load. The samples, as :func:`run`'s
-    (processes only), one after each burst."""
-    rng = random.Random(seed)
-    server = start_server("vanilla", python, model, work, OPTIONS, {})
-    samples: list[dict[str, Any]] = []
-    try:
-        assert server.process is not None
-        for burst in range(1, bursts + 1):
-            job = _burst(f"vanilla-{burst}", server.url, rng, first=burst == 1)
-            outcome = run_client(python, job, work / "vanilla-client", timeout=600)
-            assert not outcome.errors(), outcome.errors()[:2]
-            time.sleep(0.5)
-            samples.append({"burst": burst, "processes": processes(server.process.pid)})
-        server.stop()
-    finally:
-        server.kill()
-    return samples
 
 
 def drift(samples: list[dict[str, Any]], warmup: float = 0.25) -> dict[str, float]:
