@@ -147,36 +147,55 @@ import os, subprocess, sys, time
 from harness.engine import _leftovers
 from harness.engine.harness import engine_env
 
+ENGINE = "import tempfile, time; tempfile.mkstemp(prefix='sock-'); time.sleep(120)"
+
 def main():
-    if os.environ.get("LEAVE_ONE") == "1":
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=engine_env())
-        time.sleep(0.5)
-    print(os.environ[_leftovers.SCRATCH_VAR], flush=True)
-    return 0
+    how = os.environ["HOW"]
+    scratch = os.environ[_leftovers.SCRATCH_VAR]
+    if how == "an-engine-left":  # it leaves a file in its TMPDIR, as vLLM's sockets
+        subprocess.Popen([sys.executable, "-c", ENGINE], env=engine_env())
+        time.sleep(1.0)
+    if how == "failed":
+        open(os.path.join(scratch, "vllm_dist_x"), "w").close()
+    print(scratch, flush=True)
+    if how in ("help", "usage"):  # argparse's --help and a usage error
+        sys.exit(0 if how == "help" else 2)
+    return 1 if how in ("failed", "failed-empty") else 0
 
 sys.exit(_leftovers.as_a_run(main))
 """
 
 
-@pytest.mark.parametrize("leave_one", [False, True], ids=["clean", "an-engine-left"])
+@pytest.mark.parametrize(
+    ("how", "code", "kept"),
+    [
+        ("clean", 0, False),
+        ("help", 0, False),
+        ("usage", 2, False),  # a failed run with nothing in its directory: nothing to keep
+        ("failed-empty", 1, False),
+        ("failed", 1, True),
+        ("an-engine-left", 0, True),
+    ],
+)
 def test_a_benchmark_run_kills_its_engines_and_removes_their_temporary_files(
-    leave_one: bool,
+    how: str, code: int, kept: bool
 ) -> None:
     """``as_a_run`` (the benchmarks' main): the run's temporary directory goes with a run
-    that returned 0; an engine process left running is killed and said, and the directory
-    kept and named (what the benchmark got wrong)."""
+    that returned 0 or exited 0 (``--help``), and with a failed run that left nothing in it;
+    a failed run's files are kept and named; an engine process left running is killed and
+    said, and the directory kept and named (what the benchmark got wrong)."""
     done = subprocess.run(
         [sys.executable, "-c", _BENCHMARK], cwd=Path(__file__).parents[1], capture_output=True,
-        text=True, timeout=120, check=False,
-        env={**os.environ, "LEAVE_ONE": "1" if leave_one else "0"},
+        text=True, timeout=120, check=False, env={**os.environ, "HOW": how},
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == code, done.stderr
     scratch = Path(done.stdout.strip())
     assert scratch.name.startswith("kvplan-run-")
-    if not leave_one:
+    if not kept:
         assert not scratch.exists() and done.stderr == ""
         return
     shutil.rmtree(scratch)
-    assert "engine process outlived the run (killed): " in done.stderr
-    assert "time.sleep(120)" in done.stderr
     assert f"{_leftovers.KEPT_SAID}{scratch}" in done.stderr
+    if how == "an-engine-left":
+        assert "engine process outlived the run (killed): " in done.stderr
+        assert "time.sleep(120)" in done.stderr

@@ -89,12 +89,12 @@ def _inductor_cache_dir() -> str:
 
 def end_run(passed: bool) -> str | None:
     """In the session's main process, once no engine is left: remove the run's temporary
-    directory if the run passed; else keep it and return where it is (vLLM's and Ray's
-    files of a failed run)."""
+    directory if the run passed or the directory is empty; else keep it and return where it
+    is (vLLM's and Ray's files of a failed run)."""
     scratch = os.environ.get(SCRATCH_VAR, "")
     if not scratch or not os.path.isdir(scratch):
         return None
-    if passed:
+    if passed or not os.listdir(scratch):
         shutil.rmtree(scratch, ignore_errors=True)
         return None
     return scratch
@@ -139,11 +139,15 @@ def as_a_run(main: Callable[[], int]) -> int:
     """A benchmark's ``main`` as a run of its own: its engines marked and given the run's
     temporary directory; at its end, engine processes still alive are killed (said on
     stderr) and the directory removed -- kept, and said, if ``main`` failed or left an engine
-    running (the benchmark's fault: its files tell what)."""
+    running (the benchmark's fault: its files tell what) and something is in it. ``main``'s
+    :class:`SystemExit` counts by its code (argparse's ``--help`` is 0)."""
     start_run()
     code = 1
     try:
         code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
     finally:
         left = reap(os.environ[RUN_VAR])
         for pid, line in sorted(left.items()):
