@@ -122,7 +122,10 @@ def test_a_stuck_xdist_session_ends_through_the_suites_own_controller(tmp_path: 
     It inherits this session's run id and must make its own (``_leftovers.start_run``): its
     watch kills none of this session's engines when it fires."""
     (tmp_path / "test_waits.py").write_text(
-        "import time\n\ndef test_waits():\n    time.sleep(600)\n"
+        "import os, time\n\ndef test_waits():\n"
+        # a file in the run's temporary directory, as an engine's socket would be
+        f"    open(os.path.join(os.environ['{_leftovers.SCRATCH_VAR}'], 'sock'), 'w').close()\n"
+        "    time.sleep(600)\n"
     )
     started = time.monotonic()
     done = subprocess.run(
@@ -140,4 +143,4 @@ def test_a_stuck_xdist_session_ends_through_the_suites_own_controller(tmp_path: 
     assert "timed unit keeper none" in done.stdout
     assert "killed 0 engine processes of this run" in done.stdout
     kept = done.stdout.split(_leftovers.KEPT_SAID, 1)[1]
-    shutil.rmtree(kept.split()[0])  # kept, as a failed run's are, and said
+    shutil.rmtree(kept.split()[0])  # kept, as a failed run's files are, and said
