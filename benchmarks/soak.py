@@ -8,10 +8,10 @@ Two OpenAI servers share one group; the neighbour is killed (-9) and restarted e
 ``--kill-every`` seconds; a new ``kvplan limit`` every ``--limit-every`` seconds; bursts of
 heavy-tailed requests from the real ``openai`` client. Prints a progress line per burst and the
 summary (every request's outcome, the largest growth after warm-up of each process's anonymous
-RSS, fds and maps entries -- and of vanilla vLLM's given the same bursts at the same time
-(``--no-control``: none) --, idle mapped bytes against floor + reserve, the load average). The
-3-minute version runs in the test suite (``tests/engine/test_soak.py``). Run it with nothing
-else running.
+RSS, fds and maps entries, idle mapped bytes against floor + reserve, the load average). A
+vanilla vLLM server gets every burst too, at the same time, and its processes' growth is
+printed beside (``--no-control``: no such server). The 3-minute version runs in the test
+suite (``tests/engine/test_soak.py``). Run it with nothing else running.
 """
 
 from __future__ import annotations

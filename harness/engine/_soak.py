@@ -307,13 +307,14 @@ class _Control:
         try:
             outcome = run_client(self.python, job, self.work / "vanilla-client", timeout=600)
             self.soak.vanilla_errors += outcome.errors()
-        except AssertionError as exc:
-            self.soak.vanilla_errors.append(str(exc)[:2000])
-        self.ended = time.monotonic()
+        except Exception as exc:  # a client that failed or timed out is a failed burst
+            self.soak.vanilla_errors.append(f"{type(exc).__name__}: {exc}"[:2000])
+        finally:
+            self.ended = time.monotonic()
 
     def sample(self, burst: int) -> None:
         assert self.sending is not None and self.server is not None
-        self.sending.join(600)
+        self.sending.join()  # bounded: the client's own timeout
         time.sleep(max(0.0, self.ended + self.PAUSE - time.monotonic()))
         assert self.server.process is not None
         pid = self.server.process.pid
