@@ -9,9 +9,9 @@ output (an ``--html`` page, a table) grow past what real models need. A name lon
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 MAX_NAME_CHARS = 256
 """Longest string in a document (a layer, pool, backend or version name). vLLM's longest
@@ -35,3 +35,25 @@ def items(**kwargs: Any) -> Any:
 
 Dims = Annotated[list[int], Field(max_length=MAX_DIMS)]
 """A shape or stride: at most :data:`MAX_DIMS` entries."""
+
+
+class OmitsLaterFields(BaseModel):
+    """A document model with fields a later vLLM release added: each field named in
+    ``LATER_FIELDS`` is left out of the dumped document while it holds its default, so every
+    document written before the field existed (golden plans, fingerprints) stays byte for byte
+    what it was, and one that needs the field says so."""
+
+    LATER_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_later_fields_at_default(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        fields = type(self).model_fields
+        for name in self.LATER_FIELDS:
+            if (
+                isinstance(data, dict)
+                and name in data
+                and getattr(self, name) == fields[name].default
+            ):
+                del data[name]
+        return data

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
-from kvplan.schemas.bounds import FROZEN, items
+from kvplan.schemas.bounds import FROZEN, OmitsLaterFields, items
 from kvplan.schemas.layout import KVCacheLayout, parse_layout
 from kvplan.schemas.specs import AnySpec, by_name
 
@@ -60,8 +60,10 @@ class KVCacheGroupSpec(_Frozen):
     role: Annotated[KVCacheGroupRole, *by_name(KVCacheGroupRole)] = KVCacheGroupRole.DEFAULT
 
 
-class KVCacheConfig(_Frozen):
-    """vLLM 0.33's ``KVCacheConfig`` (``v1/kv_cache_interface.py``)."""
+class KVCacheConfig(OmitsLaterFields, _Frozen):
+    """vLLM's ``KVCacheConfig`` (``v1/kv_cache_interface.py``)."""
+
+    LATER_FIELDS = ("needs_kv_cache_zeroing",)
 
     num_blocks: int = Field(gt=0)
     kv_cache_tensors: list[KVCacheTensor] = items()
@@ -76,6 +78,9 @@ class KVCacheConfig(_Frozen):
     hisparse_host_block_stride: int | None = Field(default=None, gt=0)
     hisparse_shared_host_pool: bool = False
     kv_tp_replicas: int = Field(default=1, gt=0)
+    needs_kv_cache_zeroing: bool = False
+    """vLLM 0.34 (``init=False`` there: derived, then OR-ed across workers): new blocks are
+    zeroed before use, by the scheduler's step (not at allocation)."""
 
     def num_blocks_of(self, tensor: KVCacheTensor) -> int:
         """Blocks addressable in ``tensor``'s pool (HiSparse host pools have their own count)."""

@@ -22,13 +22,11 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
-    SerializerFunctionWrapHandler,
     WithJsonSchema,
-    model_serializer,
     model_validator,
 )
 
-from kvplan.schemas.bounds import FROZEN, MAX_DIMS, items
+from kvplan.schemas.bounds import FROZEN, MAX_DIMS, OmitsLaterFields, items
 from kvplan.schemas.dtypes import DType, itemsize
 
 
@@ -239,7 +237,7 @@ class MultipleOf(BaseModel):
     multiple_of: int = Field(gt=0)
 
 
-class KVCacheSpec(BaseModel):
+class KVCacheSpec(OmitsLaterFields):
     """Base class of every spec model, named after vLLM's: the fields every spec has."""
 
     model_config = FROZEN
@@ -364,6 +362,11 @@ class AttentionSpec(KVCacheSpec):
     num_head_slots: int | None = Field(default=None, gt=0)
     state_content_bytes: int | None = Field(default=None, gt=0)
     tokens_per_state: FractionValue = Fraction(1)
+    kv_head_major_slots: bool = False
+    """vLLM 0.34: the ``num_head_slots`` slots are grouped by KV head (``H2ND``); the view's
+    geometry is the same."""
+
+    LATER_FIELDS = ("kv_head_major_slots",)
 
     @model_validator(mode="after")
     def _positive_tokens_per_state(self) -> AttentionSpec:
@@ -451,14 +454,9 @@ class MLAAttentionSpec(_AlignedMLA, FullAttentionSpec):
         ),
     )
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_storage_block_size(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Written only when set: documents of releases without the field (0.29, 0.32+)
-        # keep their bytes and fingerprints.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("storage_block_size", 0) is None:
-            del data["storage_block_size"]
-        return data
+    # Written only when set: documents of releases without the field (0.29, 0.32+) keep
+    # their bytes and fingerprints.
+    LATER_FIELDS = (*AttentionSpec.LATER_FIELDS, "storage_block_size")
 
 
 class HiddenStateCacheSpec(MLAAttentionSpec):
@@ -492,6 +490,10 @@ class SlidingWindowMLASpec(_AlignedMLA, SlidingWindowSpec):
     model_version: str | None = None
     bounded_replay: bool = False
     head_size_v: int | None = Field(default=0, ge=0)
+    non_causal_multi_token_decode: bool = False
+    """vLLM 0.34 (windowed drafts): a group capability; no effect on the geometry."""
+
+    LATER_FIELDS = (*AttentionSpec.LATER_FIELDS, "non_causal_multi_token_decode")
 
 
 class EncoderOnlyAttentionSpec(AttentionSpec):
@@ -528,8 +530,12 @@ class MambaSpec(KVCacheSpec):
     num_heads_: int = Field(default=1, alias="num_heads", gt=0)
     tokens_per_state: int = Field(default=-1, ge=-1, description="-1: one state per block")
     tp_replicated: bool = False
+    state_alignment: int = Field(default=1, gt=0)
+    """vLLM 0.34: every state's bytes are rounded up to a multiple of this in the page (16
+    under FlashInfer's ReplaySSM)."""
 
     model_config = ConfigDict(**FROZEN, populate_by_name=True)
+    LATER_FIELDS = ("state_alignment",)
 
     @model_validator(mode="after")
     def _shapes_match_dtypes(self) -> MambaSpec:
@@ -551,8 +557,9 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def state_content_size_bytes(self) -> int:
+        align = self.state_alignment
         return sum(
-            math.prod(shape) * itemsize(dtype)
+            -(-math.prod(shape) * itemsize(dtype) // align) * align
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 

@@ -112,9 +112,22 @@ def encode_value(value: Any) -> Any:
     raise TypeError(f"kvplan cannot encode a {type(value).__name__} ({value!r})")
 
 
+DERIVED_FIELDS = {"KVCacheConfig": ("needs_kv_cache_zeroing",)}
+"""vLLM fields declared ``init=False`` that a document records all the same (0.34: derived in
+``__post_init__``, then OR-ed across workers): captured when the class has them, set on the
+rebuilt object after construction."""
+
+
+def _derived(cls: type) -> tuple[str, ...]:
+    names = {f.name for f in dataclasses.fields(cls) if not f.init}
+    return tuple(n for n in DERIVED_FIELDS.get(cls.__name__, ()) if n in names)
+
+
 def encode_fields(obj: Any) -> dict[str, Any]:
-    """Each init field of dataclass ``obj``, encoded by :func:`encode_value`."""
-    return {f.name: encode_value(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    """Each init field of dataclass ``obj`` (and its :data:`DERIVED_FIELDS`), encoded by
+    :func:`encode_value`."""
+    names = [f.name for f in dataclasses.fields(obj) if f.init] + list(_derived(type(obj)))
+    return {name: encode_value(getattr(obj, name)) for name in names}
 
 
 def worker_form(
@@ -373,7 +386,8 @@ def _decode_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
     hints = _hints(cls)
     data = _absent_in_release(cls, data, _ABSENT.get() or {})
     known = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = set(data) - known - {"kind"}
+    derived = {name: data[name] for name in _derived(cls) if name in data}
+    unknown = set(data) - known - set(derived) - {"kind"}
     if unknown:
         raise KVPlanError(
             error(
@@ -384,7 +398,10 @@ def _decode_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
             )
         )
     kwargs = {name: _decode(hints[name], value) for name, value in data.items() if name in known}
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    for name, value in derived.items():
+        setattr(obj, name, _decode(hints[name], value))
+    return obj
 
 
 def _decode_spec(data: Mapping[str, Any]) -> KVCacheSpec:

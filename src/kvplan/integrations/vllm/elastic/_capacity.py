@@ -151,6 +151,16 @@ def _answer(runtime: Runtime, capacity: int, source: str) -> int:
     return capacity
 
 
+def memory_utilization(cache_config: Any) -> float:
+    """The fraction of device memory vLLM was told to use: 0.34's
+    ``resolved_gpu_memory_utilization`` (``gpu_memory_utilization`` may be ``None`` there:
+    1.0 with vLLM's extensible KV cache, else 0.92), else the setting itself."""
+    resolved = getattr(cache_config, "resolved_gpu_memory_utilization", None)
+    if resolved is not None:
+        return float(resolved)
+    return float(cache_config.gpu_memory_utilization)
+
+
 def request_memory(runtime: Runtime, call: Call) -> int:
     """``request_memory`` (the GPU worker's start-up guard): in elastic mode a device that is
     not free enough right now does not refuse the engine; its memory is the group's."""
@@ -162,7 +172,7 @@ def request_memory(runtime: Runtime, call: Call) -> int:
             raise
         snapshot = call.arguments["init_snapshot"]
         cache_config = call.arguments["cache_config"]
-        requested = math.ceil(snapshot.total_memory * cache_config.gpu_memory_utilization)
+        requested = math.ceil(snapshot.total_memory * memory_utilization(cache_config))
         external = int(call.arguments.get("external_weight_memory") or 0)
         logger.warning(
             "kvplan: %s; elastic mode reserves address space only, so the engine starts "

@@ -46,21 +46,27 @@ class _ElasticPool:
         side.handed_out(len(got))
         return got
 
-    def free_blocks(self, ordered_blocks: Any) -> None:
+    def free_blocks(self, ordered_blocks: Any, *args: Any, **kwargs: Any) -> None:
         """vLLM's, then the freed blocks that are backed and hold no cache entry go to the
         front of the free queue, so vLLM hands them out again first: their pages are reused
         (the reserve, see :meth:`SchedulerSide.reserve_target`) instead of being given back
         while blocks further along are mapped. Blocks with cache entries keep vLLM's order
         (the LRU order of its prefix cache); for uncached blocks the order changes nothing
-        but which pages back them."""
+        but which pages back them. Further arguments are vLLM's own (0.34: ``evict_first``);
+        blocks of another pool (0.34's ``KVCacheBlock.pool``) are that pool's to order."""
         blocks = list(ordered_blocks)
-        super().free_blocks(blocks)  # type: ignore[misc]
+        super().free_blocks(blocks, *args, **kwargs)  # type: ignore[misc]
         side = self._kvplan
         backed = side.ledger.backed
+        own = getattr(self, "_weak_self", None)
         spare = [
             b
             for b in blocks
-            if b.ref_cnt == 0 and b.block_hash is None and b.block_id in backed and b.block_id
+            if b.ref_cnt == 0
+            and b.block_hash is None
+            and b.block_id in backed
+            and b.block_id
+            and getattr(b, "pool", None) in (None, own)
         ]
         if spare:
             queue = self.free_block_queue  # type: ignore[attr-defined]

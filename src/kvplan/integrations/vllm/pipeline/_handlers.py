@@ -7,6 +7,7 @@ to the functions. A mode adds its own (elastic serving's live in its room).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,9 @@ from kvplan.schemas.specs import KVCacheSpecKind
 if TYPE_CHECKING:
     from kvplan.integrations.vllm.pipeline._modes import Handler
     from kvplan.integrations.vllm.pipeline._runtime import Call, CallContext, Runtime
+
+EXTENSIBLE_LOG = logging.getLogger("vllm.kvplan")
+"""Where the start-up line about vLLM's extensible KV cache goes (vLLM's own logger tree)."""
 
 
 def _sharing_map(
@@ -109,19 +113,83 @@ def v1_tensors(runtime: Runtime, call: Call) -> Any:
     )
 
 
-def v2_init(runtime: Runtime, call: Call) -> Any:
-    """V2 ``init_kv_cache``: the sharing map is ``get_shared_kv_cache_layers(vllm_config)``."""
-    vllm_config = call.arguments["vllm_config"]
-    attention = getattr(vllm_config, "attention_config", None)
-    if getattr(attention, "hisparse_config", None) is not None:
-        raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
-    shared = runtime.read("get_shared_kv_cache_layers")(vllm_config)
-    return runtime.run_checked(
-        call,
-        shared=dict(shared),
-        vllm_config=vllm_config,
-        allocation_context=call.arguments["kv_cache_allocation_context"],
-    )
+def v2_init_reading(sharing_map: str) -> Handler:
+    """The handler of a V2 ``init_kv_cache`` whose sharing map is the ``READ`` target
+    ``sharing_map`` (a qualname, or the full name where two modules define it)."""
+
+    def v2_init(runtime: Runtime, call: Call) -> Any:
+        """V2 ``init_kv_cache``: the sharing map is ``get_shared_kv_cache_layers(vllm_config)``."""
+        vllm_config = call.arguments["vllm_config"]
+        attention = getattr(vllm_config, "attention_config", None)
+        if getattr(attention, "hisparse_config", None) is not None:
+            raise runtime.refuse(refusals.hisparse(call.site, runtime.vllm_version))
+        if call.arguments.get("allocate") is not None:
+            raise runtime.refuse(
+                refusals.extensible_in_use(
+                    call.site, "init_kv_cache was given an allocator", runtime.vllm_version
+                )
+            )
+        shared = runtime.read(sharing_map)(vllm_config)
+        return runtime.run_checked(
+            call,
+            shared=dict(shared),
+            vllm_config=vllm_config,
+            allocation_context=call.arguments["kv_cache_allocation_context"],
+        )
+
+    return v2_init
+
+
+v2_init = v2_init_reading("get_shared_kv_cache_layers")
+
+
+def allocate_without_allocator(runtime: Runtime, call: Call) -> Any:
+    """0.34's ``allocate_kv_cache(..., allocate)``: kvplan binds the backing, so a call that
+    brings its own allocator (vLLM's extensible KV cache) is refused, never served."""
+    if call.arguments.get("allocate") is not None:
+        raise runtime.refuse(
+            refusals.extensible_in_use(
+                call.site, "allocate_kv_cache was given an allocator", runtime.vllm_version
+            )
+        )
+    return allocate(runtime, call)
+
+
+def runner_entry_not_extensible(runtime: Runtime, call: Call) -> Any:
+    """0.34's ``GPUModelRunner.initialize_kv_cache(..., extensible)``: refused when vLLM's
+    extensible KV cache would own the memory; else as :func:`runner_entry`."""
+    if call.arguments.get("extensible"):
+        raise runtime.refuse(
+            refusals.extensible_in_use(
+                call.site, "initialize_kv_cache(extensible=True)", runtime.vllm_version
+            )
+        )
+    return runner_entry(runtime, call)
+
+
+def extensible_kv_cache(runtime: Runtime, call: Call) -> Any:
+    """0.34's ``VllmConfig._resolve_extensible_kv_cache``: where the setting is left at its
+    default, kvplan turns vLLM's extensible KV cache off and says so; asked for, ``KVP508``."""
+    config = call.argument("self")
+    cache_config = getattr(config, "cache_config", None)
+    if cache_config is not None and not getattr(
+        cache_config, "_extensible_kv_cache_resolved", False
+    ):
+        requested = getattr(cache_config, "enable_extensible_kv_cache", None)
+        if requested:
+            raise runtime.refuse(
+                refusals.extensible_requested(runtime.mode.name, runtime.vllm_version)
+            )
+        if requested is None:
+            cache_config.enable_extensible_kv_cache = False
+            EXTENSIBLE_LOG.info(
+                "kvplan: vLLM %s's extensible KV cache is off: kvplan binds the KV cache's "
+                "memory (KVPLAN_MODE=%s); --no-enable-extensible-kv-cache says the same "
+                "without this line",
+                runtime.vllm_version,
+                runtime.mode.name,
+            )
+    return call.run()
 
 
 def step(runtime: Runtime, call: Call) -> Any:
@@ -139,6 +207,11 @@ HANDLERS: Mapping[str, Handler] = {
     "runner-entry": runner_entry,
     "v1-tensors": v1_tensors,
     "v2-init": v2_init,
+    "v2-init/gpu": v2_init_reading("vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers"),
+    "v2-init/cpu": v2_init_reading("vllm.v1.worker.cpu.attn_utils.get_shared_kv_cache_layers"),
+    "allocate/no-allocator": allocate_without_allocator,
+    "runner-entry/not-extensible": runner_entry_not_extensible,
+    "extensible-kv-cache": extensible_kv_cache,
     "step": step,
 }
 """The pipeline's handlers by the names the version adapters give them."""

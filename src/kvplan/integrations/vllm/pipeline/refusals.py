@@ -370,3 +370,41 @@ def no_handler(target: str, handler: str | None, mode: str) -> Diagnostic:
         f"plugin defines in {mode} mode.",
         "please report this; " + DISABLE_HINT,
     )
+
+
+EXTENSIBLE_FLAG = "--enable-extensible-kv-cache"
+"""vLLM 0.34's switch for its own extensible KV cache (``enable_extensible_kv_cache``)."""
+
+
+def extensible_requested(mode: str, version: str) -> KVPlanError:
+    """``KVP508``: vLLM's extensible KV cache asked for explicitly while kvplan binds."""
+    why = (
+        "two managers of one physical memory: kvplan's elastic mode maps and unmaps the KV "
+        "cache's pages itself"
+        if mode == "elastic"
+        else "vLLM would reserve and map the KV cache's memory itself, which kvplan binds"
+    )
+    return KVPlanError(
+        error(
+            Code.EXTENSIBLE_KV_CACHE,
+            "cache_config.enable_extensible_kv_cache",
+            f"vLLM {version}'s extensible KV cache was asked for ({EXTENSIBLE_FLAG}) with "
+            f"KVPLAN_MODE={mode}: {why}.",
+            f"drop {EXTENSIBLE_FLAG} (with kvplan on, vLLM's extensible KV cache is turned "
+            f"off at start-up and a line says so), or {DISABLE_HINT}",
+        )
+    )
+
+
+def extensible_in_use(site: str, what: str, version: str) -> KVPlanError:
+    """``KVP508``: vLLM's extensible KV cache reached an allocation kvplan binds."""
+    return KVPlanError(
+        error(
+            Code.EXTENSIBLE_KV_CACHE,
+            site,
+            f"vLLM {version}'s extensible KV cache is on ({what}), but kvplan binds this KV "
+            "cache: the engine would have two managers of its memory.",
+            f"start vLLM with --no-enable-extensible-kv-cache (kvplan turns it off itself "
+            f"unless something turned it on after kvplan's start-up check), or {DISABLE_HINT}",
+        )
+    )

@@ -15,6 +15,7 @@ from functools import cache
 
 from kvplan.integrations.vllm.versions._adapter import (
     ALLOCATE,
+    CONFIG,
     HISPARSE,
     PLACEMENT,
     READ,
@@ -37,6 +38,7 @@ from kvplan.integrations.vllm.versions._adapter import (
 
 __all__ = [
     "ALLOCATE",
+    "CONFIG",
     "HISPARSE",
     "PLACEMENT",
     "READ",

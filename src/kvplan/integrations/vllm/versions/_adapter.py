@@ -35,6 +35,8 @@ STEP = "step"
 what kvplan bound, and a mode may act first (elastic: map and unmap)."""
 READ = "read"
 """Not patched; the handlers call it."""
+CONFIG = "config"
+"""A method of vLLM's engine config kvplan settles a setting in (0.34: the extensible KV cache)."""
 ELASTIC = "elastic"
 """Patched only in elastic mode: the scheduler's block pool and the workers' step entry."""
 
