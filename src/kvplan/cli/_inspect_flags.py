@@ -70,6 +70,14 @@ class InspectFlags:
             help="as vLLM's flag: run the model repository's own code (config auto_map)",
         ),
     ] = False
+    extensible_kv_cache: Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-extensible-kv-cache/--no-enable-extensible-kv-cache",
+            help="vLLM 0.34+: as vLLM's flag (default: vLLM's choice, on for CUDA; kvplan's "
+            "plugin turns it off)",
+        ),
+    ] = None
 
     def options(self) -> InspectOptions:
         """The :class:`InspectOptions` these flags ask for (``KVP020`` for a bad size,

@@ -45,6 +45,8 @@ class InspectOptions:
     """Build without the checkpoint's weight quantization (it does not change the KV cache)."""
     trust_remote_code: bool = False
     """vLLM's ``--trust-remote-code``: run the model repository's own Python code."""
+    extensible_kv_cache: bool | None = None
+    """vLLM 0.34's ``--[no-]enable-extensible-kv-cache`` (``None``: as vLLM decides)."""
 
     def to_metadata(self) -> dict[str, Any]:
         """The options as JSON data, defaults omitted."""
@@ -156,6 +158,9 @@ class InspectResult:
     plans: list[BindingPlan]
     request_blocks: int = 0
     """Block ids one request of ``max_model_len`` tokens takes (rank 0; the elastic floor)."""
+    extensible_kv_cache: bool | None = None
+    """Whether vLLM's extensible KV cache (0.34) is on in this binding (``None``: the release
+    has none)."""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -396,6 +401,7 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         attention_backend=options.attention_backend,
         hf_overrides={"quantization_config": None} if options.ignore_weight_quantization else None,
         trust_remote_code=options.trust_remote_code,
+        enable_extensible_kv_cache=options.extensible_kv_cache,
     )
     with cuda_platform():
         say("reading the model config with vLLM")
@@ -427,6 +433,10 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
                     metadata=_metadata(resolved, options, worker.rank, vllm_config),
                 )
             )
+    extensible = getattr(vllm_config.cache_config, "enable_extensible_kv_cache", None)
+    extensible_notes = _extensible_notes(
+        extensible, options, kv_plan.worker_configs[0], str(vllm_config.cache_config.block_size)
+    )
     say("planning")
     plans = [make_plan(document) for document in documents]
     return InspectResult(
@@ -443,12 +453,61 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         documents=documents,
         plans=plans,
         request_blocks=longest,
+        extensible_kv_cache=extensible,
         notes=[
-            f"not built: the {tower} (it holds no KV cache; vLLM skips it when serving "
-            "the language model only)"
-            for tower in workers[0].dropped_towers
+            *extensible_notes,
+            *(
+                f"not built: the {tower} (it holds no KV cache; vLLM skips it when serving "
+                "the language model only)"
+                for tower in workers[0].dropped_towers
+            ),
         ],
     )
+
+
+def _extensible_notes(
+    extensible: bool | None, options: InspectOptions, config: Any, block_size: str
+) -> list[str]:
+    """What vLLM 0.34's extensible KV cache does to this binding, in words (nothing on a
+    release without it)."""
+    if extensible is None:
+        return []
+    if not extensible:
+        why = (
+            "--no-enable-extensible-kv-cache"
+            if options.extensible_kv_cache is False
+            else "vLLM turns it off with --num-gpu-blocks-override"
+            if options.num_blocks is not None
+            else "vLLM's choice for this configuration"
+        )
+        return [
+            f"vLLM's extensible KV cache: off ({why}): all {config.num_blocks:,} blocks are "
+            "allocated up front; this is the binding kvplan's plugin makes (it turns the "
+            "extensible cache off)."
+        ]
+    padded = config.kv_cache_tensors[0].size if config.kv_cache_tensors else 0
+    regions = {
+        tensor.offset + i * tensor.layer_stride: config.num_blocks * tensor.block_stride
+        for tensor in config.kv_cache_tensors
+        for i in range(len(tensor.layers))
+    }
+    per_layer = all(
+        t.layer_stride >= config.num_blocks * t.block_stride for t in config.kv_cache_tensors
+    )
+    pad = padded - sum(regions.values()) if per_layer else 0
+    how = (
+        f"every layer's segment is padded to a 2 MiB granule ({pad:,} bytes in all)"
+        if pad
+        else "every layer's segment already starts on a 2 MiB granule (nothing padded)"
+        if per_layer
+        else "the layout keeps blocks outermost, one segment (nothing padded)"
+    )
+    return [
+        f"vLLM's extensible KV cache: on (vLLM's default on CUDA): {how}; "
+        f"{config.num_blocks:,} blocks of {block_size} tokens are reserved address space, and "
+        "after warm-up vLLM commits a prefix of them sized from measured memory. kvplan's "
+        "plugin turns it off: --no-enable-extensible-kv-cache shows that binding."
+    ]
 
 
 def _model_reference(resolved: ResolvedModel) -> str:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.inspect._emulation import cuda_platform
+from kvplan.schemas.errors import Code, KVPlanError, error
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -78,6 +79,8 @@ class BuildOptions:
     """Let transformers/vLLM run the model repository's own Python code (``auto_map``)."""
     language_model_only: bool = True
     """Skip vision/audio towers: they hold no KV cache (and may need extra packages)."""
+    enable_extensible_kv_cache: bool | None = None
+    """vLLM 0.34's setting (``None``: vLLM decides; a release without it is refused when set)."""
 
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments of vLLM's ``EngineArgs``."""
@@ -101,6 +104,7 @@ class BuildOptions:
             "num_gpu_blocks_override": self.num_blocks,
             "attention_backend": self.attention_backend,
             "hf_overrides": dict(self.hf_overrides) if self.hf_overrides else None,
+            "enable_extensible_kv_cache": self.enable_extensible_kv_cache,
         }
         args.update({key: value for key, value in optional.items() if value is not None})
         return args
@@ -127,9 +131,24 @@ class WorkerSpecs:
 
 def make_vllm_config(options: BuildOptions) -> VllmConfig:
     """vLLM's engine config for ``options`` (call inside :func:`cuda_platform`)."""
+    import dataclasses
+
     from vllm.engine.arg_utils import EngineArgs
 
-    config = EngineArgs(**options.engine_args()).create_engine_config()
+    args = options.engine_args()
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    if "enable_extensible_kv_cache" in args and "enable_extensible_kv_cache" not in known:
+        import vllm
+
+        raise KVPlanError(
+            error(
+                Code.INTEGRATION,
+                "--enable-extensible-kv-cache",
+                f"vLLM {vllm.__version__} has no extensible KV cache (vLLM 0.34 added it).",
+                "drop --[no-]enable-extensible-kv-cache, or inspect with vLLM 0.34 or later",
+            )
+        )
+    config = EngineArgs(**args).create_engine_config()
     if options.layout is not None:
         # "Tests and standalone tools may pre-set a value" (vllm/config/cache.py).
         from kvplan.schemas.layout import parse_layout

@@ -22,6 +22,10 @@ CPU platform refuses, and only for kernels that never touch the KV cache:
 * the unquantized MoE kernel: when no CPU backend supports the layer, the Triton experts
   (a backend CUDA offers for every unquantized MoE) are chosen. Expert weights have the
   same shapes whichever backend runs them.
+
+One engine setting is decided by the platform too: vLLM 0.34's extensible KV cache (on by
+default on CUDA and ROCm, off elsewhere). ``VllmConfig._resolve_extensible_kv_cache`` runs with
+``is_cuda_alike()`` true, so ``kvplan inspect`` shows the binding vLLM makes on a GPU.
 """
 
 from __future__ import annotations
@@ -64,26 +68,34 @@ def _cuda_check_and_update_config(vllm_config: Any) -> None:
         scheduler_config.disable_chunked_mm_input = True
 
 
-def _moe_patches(platform_cls: type) -> list[tuple[Any, str, Any]]:
-    """(owner, attribute, replacement) for the MoE layers' kernel questions."""
-    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
-    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
-    from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+def _as_cuda_alike(platform_cls: type, method: Any) -> Any:
+    """``method`` run with the platform's ``is_cuda_alike()`` answering true."""
 
-    post_init = FusedMoEConfig.__dict__["__post_init__"]
-    select = method.select_unquantized_moe_backend
-
-    def post_init_as_cuda(self: Any) -> None:
-        # Only the kernel-support checks ask the platform here.
+    def as_cuda(self: Any) -> None:
         saved = platform_cls.__dict__.get("is_cuda_alike")
         platform_cls.is_cuda_alike = lambda _self: True  # type: ignore[attr-defined]
         try:
-            post_init(self)
+            method(self)
         finally:
             if saved is None:
                 delattr(platform_cls, "is_cuda_alike")
             else:
                 platform_cls.is_cuda_alike = saved  # type: ignore[attr-defined]
+
+    return as_cuda
+
+
+def _moe_patches(platform_cls: type) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, replacement) for the MoE layers' kernel questions, and for vLLM
+    0.34's extensible KV cache."""
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+
+    # Only the kernel-support checks ask the platform there.
+    post_init_as_cuda = _as_cuda_alike(platform_cls, FusedMoEConfig.__dict__["__post_init__"])
+    select = method.select_unquantized_moe_backend
 
     def select_as_cuda(moe_config: Any) -> tuple[Any, Any]:
         try:
@@ -92,10 +104,16 @@ def _moe_patches(platform_cls: type) -> list[tuple[Any, str, Any]]:
             backend = oracle.UnquantizedMoeBackend.TRITON
             return backend, oracle.backend_to_kernel_cls(backend)[0]
 
-    return [
+    patches = [
         (FusedMoEConfig, "__post_init__", post_init_as_cuda),
         (method, "select_unquantized_moe_backend", select_as_cuda),
     ]
+    resolve = VllmConfig.__dict__.get("_resolve_extensible_kv_cache")  # vLLM 0.34 and later
+    if resolve is not None:
+        patches.append(
+            (VllmConfig, "_resolve_extensible_kv_cache", _as_cuda_alike(platform_cls, resolve))
+        )
+    return patches
 
 
 @contextmanager
