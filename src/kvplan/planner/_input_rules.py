@@ -160,12 +160,16 @@ def check_input(doc: InputDocument) -> Findings:
         # of a tensor inside each block, so there it is the sum of their pages (which need
         # not be a multiple of any one page: gemma-4-26B-A4B in BLHNC).
         unit = t.block_stride if t.block_stride > page else page
+        # vLLM 0.34's extensible KV cache pads every layer's segment to the memory granule
+        # (``pad_kv_cache_segments``): a layer stride past its blocks, and a size that is a
+        # sum of padded segments, not of blocks. The views stay inside (checked on the plan).
+        padded = t.block_stride > 0 and t.layer_stride > cfg.num_blocks_of(t) * t.block_stride
         what = (
             f"the {num(unit)}-byte block stride"
             if unit != page
             else f"the {num(page)}-byte page of {t.layers[0]}"
         )
-        if t.size % unit:
+        if t.size % unit and not padded:
             below = t.size // unit * unit
             if below:
                 fix = f"use a multiple of {num(unit)}, e.g. {num(below)} or {num(below + unit)}"
