@@ -131,17 +131,38 @@ def start(
     return watch
 
 
+def vllm_rebinds(runner: Any) -> bool:
+    """Whether vLLM itself rebinds this runner's caches: 0.34's extensible KV cache
+    (``runner.extensible_kv_cache``) rebuilds every layer's views after warm-up
+    (``extend_kv_cache``). kvplan turns it off at start-up; set, something turned it on."""
+    return getattr(runner, "extensible_kv_cache", None) is not None
+
+
 def rebound(watch: Watch, layers: list[str], when: str) -> KVPlanError:
     shown = ", ".join(layers[:4]) + (f" (+{len(layers) - 4} more)" if len(layers) > 4 else "")
+    held = (
+        f"{when}, the KV caches vLLM's {watch.runner_kind} runner of {watch.label} holds "
+        f"are not the ones kvplan bound and verified: {shown}."
+    )
+    if vllm_rebinds(watch.runner):
+        why = (
+            " vLLM's own extensible KV cache rebound them (extend_kv_cache after warm-up "
+            "rebuilds every layer's views over memory it maps itself): it is on although "
+            "kvplan turned it off at start-up."
+        )
+        fix = "start vLLM with --no-enable-extensible-kv-cache"
+    else:
+        why = (
+            " Something other than vLLM rebound them after kvplan's check (another plugin "
+            "or connector?); the model would read and write memory the plan does not give it."
+        )
+        fix = "find what rebinds vLLM's KV caches after allocation and run without it"
     return KVPlanError(
         error(
             Code.CACHE_REBOUND,
             f"{watch.label}.{layers[0] if layers else 'kv_caches'}",
-            f"{when}, the KV caches vLLM's {watch.runner_kind} runner of {watch.label} holds "
-            f"are not the ones kvplan bound and verified: {shown}. Something rebound them "
-            "after kvplan's check (another plugin or connector?); the model would read and "
-            "write memory the plan does not give it.",
-            "find what rebinds vLLM's KV caches after allocation and run without it",
+            held + why,
+            fix,
         )
     )
 
