@@ -52,6 +52,9 @@ RELEASES = (
 )  # fmt: skip
 """The latest patch of each minor 0.22–0.34 on PyPI (``pip index versions vllm``, 2026-12)."""
 REFERENCE = "0.33.0"
+"""What the survey compares every release with (the targets kvplan's plugin patched there)."""
+SUITE_RELEASE = "0.34.0"
+"""The vLLM of the project's ``vllm`` extra: the suite's own, in-process."""
 LEGACY_REFERENCE = "0.24.0"
 INTERFACE = "vllm/v1/kv_cache_interface.py"
 CONFIG_CLASSES = ("KVCacheConfig", "KVCacheTensor", "KVCacheGroupSpec")
@@ -589,8 +592,13 @@ def render(releases: list[Release], differential: dict[str, str], log: list[str]
     for r in releases:
         if minor(r.version) in differential:
             diff = differential[minor(r.version)]
+        elif r.version == SUITE_RELEASE:
+            diff = "the project's own suite (`tests/integrations/vllm/capture`, the `vllm` extra)"
         elif r.version == REFERENCE:
-            diff = "the project's own suite (`tests/integrations/vllm/capture`)"
+            diff = (
+                "the suite's vLLM 0.33 venv (`.venv-vllm-0.33/`: the differential and capture "
+                "suites, the V1 runner's plugin tests)"
+            )
         elif r.form == "shared_by":
             diff = "n/a (no `allocate_kv_cache`; legacy fixtures come from 0.24.0's own code)"
         else:
