@@ -6,7 +6,7 @@ Field names are vLLM's dataclass field names, so a config dumped from vLLM loads
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PlainSerializer, PlainValidator, WithJsonSchema
 
@@ -63,7 +63,7 @@ class KVCacheGroupSpec(_Frozen):
 class KVCacheConfig(OmitsLaterFields, _Frozen):
     """vLLM's ``KVCacheConfig`` (``v1/kv_cache_interface.py``)."""
 
-    LATER_FIELDS = ("needs_kv_cache_zeroing",)
+    LATER_FIELDS: ClassVar[tuple[str, ...]] = ("needs_kv_cache_zeroing",)
 
     num_blocks: int = Field(gt=0)
     kv_cache_tensors: list[KVCacheTensor] = items()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from enum import Enum, IntEnum, StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -366,7 +366,7 @@ class AttentionSpec(KVCacheSpec):
     """vLLM 0.34: the ``num_head_slots`` slots are grouped by KV head (``H2ND``); the view's
     geometry is the same."""
 
-    LATER_FIELDS = ("kv_head_major_slots",)
+    LATER_FIELDS: ClassVar[tuple[str, ...]] = ("kv_head_major_slots",)
 
     @model_validator(mode="after")
     def _positive_tokens_per_state(self) -> AttentionSpec:
@@ -535,7 +535,7 @@ class MambaSpec(KVCacheSpec):
     under FlashInfer's ReplaySSM)."""
 
     model_config = ConfigDict(**FROZEN, populate_by_name=True)
-    LATER_FIELDS = ("state_alignment",)
+    LATER_FIELDS: ClassVar[tuple[str, ...]] = ("state_alignment",)
 
     @model_validator(mode="after")
     def _shapes_match_dtypes(self) -> MambaSpec:
