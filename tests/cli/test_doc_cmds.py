@@ -226,10 +226,10 @@ def test_diff_of_two_gemma4_plans_reads_at_100_columns(fmt: str) -> None:
     assert "…" not in result.stdout
     assert "language_model.model.layers.<layer>.self_attn.attn" in lines[0]
     if fmt == "text":
-        assert "~ views[0].shape: 196608×1×128×512 -> 73728×2×128×512" in lines
+        assert "~ views[0].shape: 218453×1×128×512 -> 81920×2×128×512" in lines
         assert "~ views[5].kind: SlidingWindowSpec -> FullAttentionSpec" in lines
     else:
-        assert "| views | `0` | changed | shape | `196608×1×128×512` | `73728×2×128×512` |" in lines
+        assert "| views | `0` | changed | shape | `218453×1×128×512` | `81920×2×128×512` |" in lines
     # the JSON keeps every name whole
     data = json.loads(runner.invoke(app, ["diff", str(E2B), str(E4B), "-f", "json"]).stdout)
     assert "language_model.model.layers.0.self_attn.attn" in {c["key"] for c in data["changes"]}

@@ -32,13 +32,14 @@ class InspectFlags:
         str, typer.Option("--gpu-memory", help="GPU memory to plan for, e.g. 80GiB")
     ] = "80GiB"
     gpu_memory_utilization: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--gpu-memory-utilization",
             metavar="FRACTION",
-            help="fraction of --gpu-memory for the KV cache (KV = memory x this)",
+            help="fraction of --gpu-memory for the KV cache (KV = memory x this); default: "
+            "vLLM's (0.9; 0.34: 1.0 with its extensible KV cache, else 0.92)",
         ),
-    ] = "0.9"
+    ] = None
     reserve_weights: Annotated[
         bool,
         typer.Option(

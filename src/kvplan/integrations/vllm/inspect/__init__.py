@@ -4,7 +4,8 @@ The model is built on the ``meta`` device under the CPU platform answering as CU
 ``_emulation``); vLLM groups and places the layers for the requested memory; the worker's
 config is captured and planned. KV memory is ``gpu_memory * gpu_memory_utilization``
 (minus the weights as built when ``reserve_weights`` is set) — vLLM's profiling of
-activations is not modelled.
+activations is not modelled. Left unset, the utilisation is vLLM's own default (0.9 up to
+0.33; 0.34: 1.0 with its extensible KV cache, else 0.92).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class InspectOptions:
     """What to plan for; mirrors ``vllm serve`` flags. Recorded in the document's metadata."""
 
     gpu_memory: int = 80 * GiB
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None
+    """``None``: vLLM's default for the engine config (see the module docstring)."""
     num_blocks: int | None = None
     max_model_len: int | None = None
     kv_cache_dtype: str = "auto"
@@ -68,9 +70,16 @@ class InspectOptions:
             )
         return cls(**dict(data))
 
-    @property
-    def kv_memory_bytes(self) -> int:
-        return int(self.gpu_memory * self.gpu_memory_utilization)
+    def kv_memory_bytes(self, vllm_config: Any) -> int:
+        """``gpu_memory`` times the utilisation asked for, else vLLM's default for
+        ``vllm_config`` (0.34 resolves it: ``resolved_gpu_memory_utilization``)."""
+        fraction = self.gpu_memory_utilization
+        if fraction is None:
+            cache = vllm_config.cache_config
+            fraction = getattr(cache, "resolved_gpu_memory_utilization", None)
+            if fraction is None:
+                fraction = cache.gpu_memory_utilization
+        return int(self.gpu_memory * float(fraction))
 
 
 @dataclass(frozen=True)
@@ -409,7 +418,9 @@ def _inspect(resolved: ResolvedModel, options: InspectOptions, say: Progress) ->
         say(f"building {resolved.name} on the meta device ({options.tp} rank(s))")
         workers = collect_worker_specs(build, vllm_config)
         weight_bytes = max(worker.weight_bytes for worker in workers)
-        memory = options.kv_memory_bytes - (weight_bytes if options.reserve_weights else 0)
+        memory = options.kv_memory_bytes(vllm_config) - (
+            weight_bytes if options.reserve_weights else 0
+        )
         if memory <= 0:
             raise KVPlanError(
                 error(
