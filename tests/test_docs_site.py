@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    config = str(root / "mkdocs.yml")
     return subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml")]
-        + ["-d", str(site)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", config, "-d", str(site)],
         capture_output=True,
         text=True,
         timeout=300,
