@@ -36,7 +36,9 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for page in ("index.html", "guides/colocation/index.html", "reference/settings/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
-    assert "<img" in (tmp_path / "site" / "performance" / "index.html").read_text()
+    performance = (tmp_path / "site" / "performance" / "index.html").read_text()
+    assert 'src="../img/colocation.svg"' in performance  # the benchmark's figure, embedded
+    assert (tmp_path / "site" / "img" / "colocation.svg").is_file()
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
