@@ -21,9 +21,30 @@ import kvplan
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = "examples/golden/google__gemma-4-E2B-it/input.json"
-RUNTIME = ("pydantic", "pydantic-core", "annotated-types", "typing-extensions",
-           "typing-inspection", "pyyaml", "typer", "click", "rich", "markdown-it-py", "mdurl",
-           "pygments", "shellingham")  # fmt: skip
+
+
+def runtime_closure() -> list[str]:
+    """kvplan's runtime dependencies and theirs, pinned to the versions installed here (so uv
+    finds them in its cache, offline)."""
+    from importlib.metadata import distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo = [Requirement(r) for r in distribution("kvplan").requires or []]
+    todo = [r for r in todo if r.marker is None]  # extras carry a marker
+    seen: dict[str, str] = {}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen[name] = version(name)
+        for raw in distribution(name).requires or []:
+            sub = Requirement(raw)
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    return [f"{name}=={v}" for name, v in sorted(seen.items())]
 
 
 def run(*cmd: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,7 +112,8 @@ def test_built_wheel_installs_and_works_in_a_clean_venv(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     uv = (sys.executable, "-m", "uv")
     run(*uv, "venv", "--python", sys.executable, venv)
-    pins = [f"{name}=={version(name)}" for name in RUNTIME]
+    pins = runtime_closure()
+    assert any(p.startswith("pydantic==") for p in pins) and len(pins) >= 4
     run(*uv, "pip", "install", "-p", venv, "--offline", *pins)
     run(*uv, "pip", "install", "-p", venv, "--no-deps", "--offline", wheel)
     kv = venv / "bin" / "kvplan"
