@@ -7,7 +7,8 @@ from kvplan.planner import diff_plans, plan, validate
 from kvplan.schemas import BindingPlan, Diagnostic, InputDocument, KVPlanError
 from kvplan.schemas.loading import dump, dumps, load_input, load_plan
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""kvplan's version: the one place it is written (pyproject.toml reads it)."""
 
 __all__ = [
     "BindingPlan",

@@ -134,9 +134,9 @@ def test_console_script_reports_bad_input_without_traceback(tmp_path: Path) -> N
 def test_every_code_is_documented() -> None:
     from kvplan.schemas.errors import Code
 
-    text = (ROOT / "docs" / "formats.md").read_text()
+    text = (ROOT / "docs" / "reference" / "codes.md").read_text()
     missing = [c.value for c in Code if f"`{c.value}`" not in text]
-    assert not missing, f"add these codes to docs/formats.md: {missing}"
+    assert not missing, f"run python tools/gen_reference.py; missing: {missing}"
 
 
 def test_unknown_schema_name_is_a_coded_error_listing_the_known_names() -> None:

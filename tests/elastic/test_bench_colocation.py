@@ -68,7 +68,7 @@ def test_every_engine_lingers_until_every_arm_served_the_round(
 ) -> None:
     """An engine that ends shuts vLLM down and writes its results: seconds of CPU on a 2-core
     machine. Ended as soon as its own arm had served the round's last phase, it did so beside
-    the next arm's first burst: the eighteenth round's "bimodal" seed-42 first engine (p99
+    the next arm's first burst: the "bimodal" seed-42 first engine of the 2026-12-05 runs (p99
     0.9 s, or 3 s with steps of 50-500 ms) was the arm's place in that phase's order. The
     round's orchestration, engines stubbed: every engine is started to linger, and told to end
     only after the last phase of every arm was opened and served."""

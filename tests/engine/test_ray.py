@@ -7,7 +7,7 @@ its workers -- ``ValueError: current platform cpu does not support ray.``
 enabled (elastic, host-vmm), changes nothing of that: the refusal is vLLM's, word for word, and
 carries no kvplan code. The day a CPU build accepts Ray, these tests fail and say so -- then
 kvplan is to be tested on Ray here. Nothing of Ray outlives the engine (no ``raylet``, no
-``gcs_server``). How a Ray cluster of GPU nodes runs kvplan: docs/integration.md, "Serving
+``gcs_server``). How a Ray cluster of GPU nodes runs kvplan: docs/guides/multi-node.md, "Serving
 across machines".
 """
 

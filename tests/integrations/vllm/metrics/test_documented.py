@@ -1,7 +1,7 @@
-"""Every series is documented (``docs/elastic.md``'s metric table is :data:`METRICS`), and the
-Grafana examples (``examples/grafana/``) query only documented series: each panel's and each
-alert rule's expression is parsed as PromQL (``promql-parser``) and every metric it selects
-is one of kvplan's documented samples or one of vLLM's own series."""
+"""Every series is documented (``docs/guides/watch.md``'s metric table is :data:`METRICS`),
+and the Grafana examples (``examples/grafana/``) query only documented series: each panel's
+and each alert rule's expression is parsed as PromQL (``promql-parser``) and every metric it
+selects is one of kvplan's documented samples or one of vLLM's own series."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import yaml
 from kvplan.integrations.vllm.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parents[4]
-DOC = ROOT / "docs" / "elastic.md"
+DOC = ROOT / "docs" / "guides" / "watch.md"
 DASHBOARD = ROOT / "examples" / "grafana" / "kvplan-dashboard.json"
 ALERTS = ROOT / "examples" / "grafana" / "kvplan-alerts.yml"
 KVPLAN_SAMPLES = {name for m in METRICS for name in m.sample_names}
@@ -27,7 +27,7 @@ PANEL_TYPES = {"row", "timeseries", "table", "stat", "gauge", "bargauge"}
 
 
 def doc_table() -> dict[str, list[str]]:
-    """``docs/elastic.md``'s metric table: ``{name: [type, labels, meaning, from]}``."""
+    """``docs/guides/watch.md``'s metric table: ``{name: [type, labels, meaning, from]}``."""
     text = DOC.read_text()
     start = text.index("| metric | type | labels |")
     rows: dict[str, list[str]] = {}

@@ -1,4 +1,4 @@
-"""kvplan's figures on vLLM's Prometheus ``/metrics`` (``docs/elastic.md``, "Metrics").
+"""kvplan's figures on vLLM's Prometheus ``/metrics`` (``docs/guides/watch.md``, "Metrics").
 
 The series (:data:`METRICS`) are read, at scrape time and in the API server's process, from
 what the engine already writes: each rank's stats file (its reporter thread, off the step

@@ -1,7 +1,7 @@
 """Every series kvplan adds to vLLM's ``/metrics``: name, type, labels, meaning, source.
 
-The one list (:data:`METRICS`): the collector emits exactly these, ``docs/elastic.md`` documents
-exactly these (tested), and the Grafana examples may query only these (tested).
+The one list (:data:`METRICS`): the collector emits exactly these, ``docs/guides/watch.md``
+documents exactly these (tested), and the Grafana examples may query only these (tested).
 """
 
 from __future__ import annotations
