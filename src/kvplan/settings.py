@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
         "KVPLAN_MODE",
         "`eager`",
         "`eager` backs every pool at bind time; `elastic` backs the blocks vLLM uses, under a "
-        "budget (vLLM 0.29-0.33, not with `torch`)",
+        "budget (vLLM 0.29-0.34, not with `torch`)",
         "plugin",
     ),
     Setting(

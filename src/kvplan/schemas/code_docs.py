@@ -206,8 +206,16 @@ CODE_DOCS: dict[Code, tuple[str, str]] = {
         "disable the other plugin, or kvplan",
     ),
     Code.CACHE_REBOUND: (
-        "a layer holds a KV tensor other than the one kvplan bound and verified",
-        "find what rebinds the KV cache after start-up (another plugin, a patch)",
+        "a layer holds a KV tensor other than the one kvplan bound and verified (the message "
+        "names vLLM 0.34's own extensible KV cache when it rebound the layers)",
+        "find what rebinds the KV cache after start-up (another plugin, a patch); for vLLM's "
+        "extensible KV cache, `--no-enable-extensible-kv-cache`",
+    ),
+    Code.EXTENSIBLE_KV_CACHE: (
+        "vLLM 0.34's extensible KV cache was asked for (`--enable-extensible-kv-cache`), or "
+        "reached an allocation, while kvplan binds the KV cache",
+        "drop `--enable-extensible-kv-cache` (with kvplan on, it is turned off at start-up), "
+        "or run without kvplan",
     ),
     Code.REMOTE_CODE_REQUIRED: (
         "the model needs its own code",
