@@ -105,6 +105,9 @@ def render(result: InspectResult) -> None:
             f"{human_bytes(result.weight_bytes)}{tp}"
         )
     )
+    if result.extensible_kv_cache is not None:
+        state = "on (its padded segments shown)" if result.extensible_kv_cache else "off"
+        console.print(cell(f"vLLM's extensible KV cache {state}; kvplan's plugin turns it off"))
     console.print(
         f"[bold]{result.attention_layers} layers[/bold]: {s.tensor_backed_layers} tensor-backed, "
         f"{s.aliased_layers} aliases (KV sharing)"
