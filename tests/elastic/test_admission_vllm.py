@@ -1,4 +1,4 @@
-"""The admission index wired to vLLM's real ``BlockPool`` (the installed 0.33) through the hook
+"""The admission index wired to vLLM's real ``BlockPool`` (the installed release) through the hook
 points the elastic pool uses (``follow_free_queue``; evictions here by hand, as the pool's
 ``_maybe_evict_cached_block`` does): its free set and order follow vLLM's free queue under
 vLLM's own hand-outs, frees (cached to the back, uncached to the front), prefix hits,

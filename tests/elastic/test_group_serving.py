@@ -1,4 +1,4 @@
-"""Two engines' scheduler sides in one group, on vLLM 0.33's real ``BlockPool``: the grant
+"""Two engines' scheduler sides in one group, on vLLM's real ``BlockPool``: the grant
 bounds admission, grows when admission is short, is given back once the workers confirmed
 the unmaps, and a member below its guarantee gets back what a borrower holds (cached pages
 first, then as its blocks are freed). The whole engines are in ``tests/engine``."""

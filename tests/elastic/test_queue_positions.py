@@ -1,6 +1,6 @@
 """The trim's positions of the backed free blocks in vLLM's free queue (``SchedulerSide.
 queue_positions``), read in from both ends of the queue's links, equal what a walk of the whole
-queue (``get_all_free_blocks``) says -- on vLLM's real ``BlockPool`` (the installed 0.33) under
+queue (``get_all_free_blocks``) says -- on vLLM's real ``BlockPool`` (the installed release) under
 its own hand-outs, frees (cached to the back, uncached to the front) and evictions -- and the
 walk stops once every wanted block is found. The trim's free backed blocks
 (``SchedulerSide.free_backed``: as many as the backed blocks less those in use, found in from

@@ -18,52 +18,23 @@ not yet fixed) must keep failing with the reported error; everything else must p
 
 from __future__ import annotations
 
-import shlex
 import subprocess
-import tomllib
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from harness.engine.cases import RELEASE_CASES
 from harness.engine.harness import DEFAULT_RELEASE, ROOT, engine_env
+from tests._junit import outcomes, without_xdist
 from tests.engine.conftest import EnginePython
 
 SUITE = "tests/integrations/vllm/capture/test_differential.py"
 
 
-def _without_xdist() -> str:
-    """pyproject's pytest ``addopts`` without pytest-xdist's ``-n N`` (an engine venv has
-    pytest, not xdist), as an ``-o`` override."""
-    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
-    words = shlex.split(options["ini_options"]["addopts"])
-    if "-n" in words:
-        at = words.index("-n")
-        del words[at : at + 2]
-    return "addopts=" + shlex.join(words)
-
-
-NO_XDIST = _without_xdist()
+NO_XDIST = without_xdist()
 RELEASES = sorted(RELEASE_CASES, key=lambda release: (release != DEFAULT_RELEASE, release))
 """0.32 first, then the oldest: the venvs are built in this order, and the other worker starts
 on 0.32's (its elastic suite) and goes on with 0.29's."""
-
-
-def _junit(report: Path) -> dict[str, tuple[str, str]]:
-    """Every test case of a junit report: name -> (``passed``/``failed``/``skipped``, text)."""
-    root = ET.parse(report).getroot()
-    suite = root if root.tag == "testsuite" else root[0]
-    out = {}
-    for case in suite.iter("testcase"):
-        status, text = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                status, text = "failed", f"{child.get('message', '')}\n{child.text or ''}"
-            elif child.tag == "skipped":
-                status = "skipped"
-        out[case.get("name", "")] = (status, text)
-    return out
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -89,7 +60,7 @@ def test_differential_suite_passes_on_each_release(
     tail = "\n".join([*errors, "...", *lines[-15:]])
     known = {name: text for name, text, _ in cases.known_failures}
     assert done.returncode == (1 if known else 0), tail
-    ran = _junit(report)
+    ran = outcomes(report)
     for name, expected in known.items():  # a known kvplan bug, still failing as reported
         status, text = ran.pop(name, ("not run", ""))
         assert status == "failed" and expected in text, (name, status, text[-2000:])

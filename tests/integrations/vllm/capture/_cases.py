@@ -17,6 +17,15 @@ from kvplan.catalog import lookup
 MiB = 1 << 20
 
 
+def default_block_size() -> int:
+    """The installed vLLM's default block size (``CacheConfig.DEFAULT_BLOCK_SIZE``, read from
+    the releases' sources): 16 tokens up to 0.33, 64 from 0.34."""
+    import vllm
+
+    release = tuple(int(part) for part in vllm.__version__.split(".")[:2])
+    return 64 if release >= (0, 34) else 16
+
+
 @dataclass(frozen=True)
 class Case:
     """A model (catalog id, shrunk) and the options vLLM plans it with."""

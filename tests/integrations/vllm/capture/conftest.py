@@ -19,7 +19,7 @@ try:  # a missing vLLM fails the run: these tests are never skipped
     import vllm  # noqa: F401
 except ImportError as exc:  # pragma: no cover - CI installs the vllm extra
     raise pytest.UsageError(
-        "tests/integrations/vllm/capture needs the real vLLM 0.33: pip install -e '.[all]'"
+        "tests/integrations/vllm/capture needs the real vLLM: pip install -e '.[all]'"
     ) from exc
 
 from tests.integrations.vllm.capture._cases import CASES, Built, build_case
@@ -34,9 +34,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.vllm)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vllm_session() -> Iterator[None]:
-    """The CPU platform answering as CUDA would, for the whole session."""
+    """The CPU platform answering as CUDA would, for the test. Never for longer: the
+    emulation wraps functions the plugin wraps too (vLLM 0.34's
+    ``VllmConfig._resolve_extensible_kv_cache``), and a plugin test on the same xdist worker
+    would find them wrapped by another hand."""
     from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
     with cuda_platform():
@@ -44,12 +47,15 @@ def vllm_session() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def built(vllm_session: None, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
-    """``built(name)``: the case planned by vLLM, once per session."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
+    """``built(name)``: the case planned by vLLM (under the CUDA emulation), once per
+    session."""
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
 
     def get(name: str) -> Built:
         if name not in _BUILT:
-            _BUILT[name] = build_case(CASES[name], tmp_path_factory.mktemp(name))
+            with cuda_platform():
+                _BUILT[name] = build_case(CASES[name], tmp_path_factory.mktemp(name))
         return _BUILT[name]
 
     return get

@@ -244,4 +244,4 @@ def test_unsupported_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(vllm, "__version__", "0.28.0")
     with pytest.raises(KVPlanError) as info:
         capture(_config(_specs()["FullAttentionSpec"], ["a"]), shared_kv_cache_layers={})
-    assert info.value.code is Code.INTEGRATION and "0.29–0.33" in str(info.value)
+    assert info.value.code is Code.INTEGRATION and "0.29–0.34" in str(info.value)

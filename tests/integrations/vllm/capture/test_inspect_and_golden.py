@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvplan.cli.app import app
+from tests.integrations.vllm.capture._cases import default_block_size
 
 REPO = Path(__file__).resolve().parents[4]
 GOLDEN = REPO / "examples" / "golden"
@@ -19,8 +20,8 @@ GEMMA4 = "google/gemma-4-E2B-it"
 
 
 @pytest.fixture(scope="module")
-def gemma4(vllm_session: None):  # type: ignore[no-untyped-def]
-    from kvplan.integrations.vllm.inspect import inspect_model
+def gemma4():  # type: ignore[no-untyped-def]
+    from kvplan.integrations.vllm.inspect import inspect_model  # (it emulates CUDA itself)
 
     return inspect_model(GEMMA4)
 
@@ -209,15 +210,22 @@ def test_full_size_catalog_models_match_vllm_on_meta(
 
 def test_gemma4_moe_blhnc_block_stride_is_not_a_page_multiple(vllm_session: None) -> None:
     """With BLHNC, vLLM interleaves the layers that share a tensor inside each block: the block
-    stride (327,680 B) is no multiple of layer 0's 131,072-byte page, and the tensor is a whole
-    number of blocks. The planner once demanded page multiples here (KVP107)."""
+    stride (16-token blocks: 327,680 B; 0.34's 64-token blocks: 1,310,720 B) is no multiple of
+    layer 0's page (131,072 B; 524,288 B), and the tensor is a whole number of blocks. The
+    planner once demanded page multiples here (KVP107)."""
     from kvplan.cli.inspect_cmd import verify_result
     from kvplan.integrations.vllm.inspect import InspectOptions, inspect_model
 
     result = inspect_model(GEMMA4_MOE, InspectOptions(layout="BLHNC"))
     assert verify_result(result) == []
-    strides = {t.block_stride for t in result.document.kv_cache_config.kv_cache_tensors}
-    assert 327_680 in strides and 327_680 % 131_072
+    config = result.document.kv_cache_config
+    block = default_block_size()
+    stride, page = {16: (327_680, 131_072), 64: (1_310_720, 524_288)}[block]
+    first = config.kv_cache_groups[0].kv_cache_spec
+    assert first.block_size == block
+    assert {s.page_size_bytes for s in first.kv_cache_specs.values()} == {page}
+    strides = {t.block_stride for t in config.kv_cache_tensors}
+    assert stride in strides and stride % page
 
 
 def test_a_model_vllm_cannot_build_fails_cleanly(vllm_session: None, tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def test_cpu_platform_is_restored_after_inspect(vllm_session: None) -> None:
     assert (FusedMoEConfig.__dict__["__post_init__"], method.select_unquantized_moe_backend) == (
         inside
     )
-    # The session fixture's emulation is active here; vLLM's originals are what it wraps.
+    # The fixture's emulation is active here; vLLM's originals are what it wraps.
     assert oracle.select_unquantized_moe_backend is not method.select_unquantized_moe_backend
 
 

@@ -2,7 +2,9 @@
 
 Each model is built on the ``meta`` device by the real vLLM model classes (under kvplan's
 CUDA emulation of the CPU platform), so the forward context holds real attention/Mamba
-layers and the sharing map is vLLM's. The HF configs are the public ``config.json`` files
+layers and the sharing map is vLLM's. Where vLLM has the extensible KV cache (0.34 on), it is
+off, as in an engine kvplan serves (kvplan turns it off; vLLM's padding of the layers'
+segments for it would be a second layout). The HF configs are the public ``config.json`` files
 of kvplan's bundled catalog; layer counts are cut with ``hf_overrides``.
 """
 
@@ -94,6 +96,15 @@ def init_distributed(store_dir: Path) -> None:
         )
 
 
+def has_extensible_kv_cache() -> bool:
+    """Whether the installed vLLM has the extensible KV cache (0.34 on)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "enable_extensible_kv_cache" in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
 def build_case(spec: ModelSpec) -> ModelCase:
     """Build ``spec`` with vLLM: engine config, worker specs, the engine core's plan."""
     from vllm.config import set_current_vllm_config
@@ -112,6 +123,7 @@ def build_case(spec: ModelSpec) -> ModelCase:
         max_model_len=256,
         hf_overrides=spec.overrides,
         layout=spec.layout,
+        enable_extensible_kv_cache=False if has_extensible_kv_cache() else None,
     )
     with cuda_platform():
         vllm_config = b.make_vllm_config(options)

@@ -9,7 +9,14 @@ import torch
 
 from kvplan.integrations.vllm import plugin
 from tests.integrations.vllm.plugin._models import ModelCase
-from tests.integrations.vllm.plugin._runners import CPU, PATHS, describe, storages, via_v1, via_v2
+from tests.integrations.vllm.plugin._runners import (
+    CPU,
+    PATHS,
+    RUNNER_PATHS,
+    describe,
+    storages,
+    via_v2,
+)
 from tests.integrations.vllm.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
@@ -50,6 +57,17 @@ def test_same_kv_caches_as_vanilla(
     del owner  # a V1 runner owns its cache: it stays mapped until here
 
 
+def test_paths_are_the_installed_releases_runners() -> None:
+    """The V1 runner up to 0.33, the CPU build's init_kv_cache from 0.34 (read from the
+    installed release's modules, each path above runs on every release that has it)."""
+    import vllm
+
+    release = tuple(int(part) for part in vllm.__version__.split(".")[:2])
+    expected = ["v1", "v2"] if release <= (0, 33) else ["v2", "cpu"]
+    assert list(RUNNER_PATHS) == expected
+    assert sorted(PATHS) == sorted(["allocate_kv_cache", *expected])
+
+
 def _assert_layers_bound(case: ModelCase, kv: dict[str, torch.Tensor]) -> None:
     """Every layer in the forward context now reads kvplan's memory."""
     lo = min(t.untyped_storage().data_ptr() for t in kv.values())
@@ -72,15 +90,17 @@ def test_gemma4_sharers_alias_their_targets(
     assert set(kv) == set(cache.plan.layers)
 
 
+@pytest.mark.parametrize("path", list(RUNNER_PATHS))
 def test_elastic_mode_binds_only_the_null_block(
-    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+    path: str, model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
 ) -> None:
     """Elastic mode backs vLLM's null block at bind; every other block is mapped when a step
     first uses it. Unbacked bytes read as the scratch page (zeros), they never fault."""
     case = model_case("llama")
-    vanilla, _ = via_v1(case)
+    call = RUNNER_PATHS[path]
+    vanilla, _ = call(case)
     load_plugin("host-vmm", mode="elastic")
-    ours, runner = via_v1(case)
+    ours, runner = call(case)
     assert describe(ours) == describe(vanilla)
     (cache,) = plugin.bound_caches()
     assert cache.mode == "elastic"
@@ -91,8 +111,9 @@ def test_elastic_mode_binds_only_the_null_block(
     del runner
 
 
+@pytest.mark.parametrize("path", list(RUNNER_PATHS))
 def test_profiling_config_is_planned_and_left_to_vllm(
-    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+    path: str, model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
 ) -> None:
     """vLLM's minimal profiling config (no layout stamped) is planned with the runner's
     layout argument and checked against vLLM's own allocation, which vLLM keeps."""
@@ -105,7 +126,7 @@ def test_profiling_config_is_planned_and_left_to_vllm(
     expected = utils.allocate_kv_cache(profiling, CPU, case.layout, case.kernel_block_sizes)
 
     load_plugin("host-vmm")
-    kv, _ = via_v1(case, config=profiling)
+    kv, _ = RUNNER_PATHS[path](case, config=profiling)
 
     counts = plugin.stats()
     assert (counts["plans"], counts["profiling"], counts["bound"]) == (1, 1, 0)

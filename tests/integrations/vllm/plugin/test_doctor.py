@@ -13,6 +13,13 @@ from typer.testing import CliRunner
 
 from kvplan.cli import app
 from kvplan.integrations.vllm.versions import adapter_for
+from tests.integrations.vllm.plugin._runners import (
+    ALLOCATING_MODULE,
+    HAS_CPU_RUNNER,
+    HAS_V1,
+    RUNNER_PATHS,
+    import_runners,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -49,21 +56,33 @@ def test_ready_when_enabled_with_an_available_backend(doctor_env: pytest.MonkeyP
     declared = adapter_for(vllm.__version__).targets  # type: ignore[union-attr]
     assert len(report["targets"]) == len(declared) and all(t["ok"] for t in report["targets"])
     sites = {t["target"] for t in report["targets"] if t["patched"]}
-    assert {
+    expected = {
         "vllm.v1.worker.utils.allocate_kv_cache",
-        "vllm.v1.worker.gpu_model_runner.allocate_kv_cache",
         "vllm.v1.worker.gpu.attn_utils.allocate_kv_cache",
         "vllm.v1.hisparse.binding.allocate_kv_cache",
         "vllm.v1.worker.gpu.model_runner.init_kv_cache",
-    } <= sites
+    }
+    if HAS_V1:  # up to 0.33
+        expected.add("vllm.v1.worker.gpu_model_runner.allocate_kv_cache")
+    if HAS_CPU_RUNNER:  # 0.34 on: the CPU build's sites
+        expected |= {
+            "vllm.v1.worker.cpu.attn_utils.allocate_kv_cache",
+            "vllm.v1.worker.cpu.attn_utils.init_kv_cache",
+            "vllm.v1.worker.cpu.standalone_model_runner.init_kv_cache",
+        }
+    assert expected <= sites
 
 
 def test_text_report_disabled_by_default(doctor_env: pytest.MonkeyPatch) -> None:
+    import vllm
+
     from kvplan.executor.backends import backend_class
 
+    adapter = adapter_for(vllm.__version__)
+    assert adapter is not None
     code, out = _doctor()
     assert "enabled         no (set KVPLAN_ENABLE=1)" in out
-    assert "cuda-vmm" in out and "patch targets (vllm-0.32-0.33 adapter)" in out
+    assert "cuda-vmm" in out and f"patch targets ({adapter.name} adapter)" in out
     if backend_class("cuda-vmm").available() is None:
         assert code == 0 and "ready, but disabled" in out
     else:  # enabling would fail: say so now
@@ -80,17 +99,22 @@ def test_allowlist_without_kvplan_is_a_problem(doctor_env: pytest.MonkeyPatch) -
     assert [p["location"] for p in report["problems"]] == ["VLLM_PLUGINS"]
 
 
-def test_changed_target_is_reported(doctor_env: pytest.MonkeyPatch) -> None:
-    import vllm.v1.worker.gpu_model_runner as v1
+@pytest.mark.parametrize("path", list(RUNNER_PATHS))
+def test_changed_target_is_reported(path: str, doctor_env: pytest.MonkeyPatch) -> None:
+    """Each runner's allocate_kv_cache global, changed: doctor names it and its signature."""
+    import importlib
+
+    module = ALLOCATING_MODULE[path]
+    import_runners()  # before the stand-in is in place
 
     def allocate_kv_cache(kv_cache_config: Any) -> None:
         return None
 
     doctor_env.setenv("KVPLAN_BACKEND", "torch")
-    doctor_env.setattr(v1, "allocate_kv_cache", allocate_kv_cache)
+    doctor_env.setattr(importlib.import_module(module), "allocate_kv_cache", allocate_kv_cache)
     code, out = _doctor()
     assert code == 2
-    assert "BAD patch vllm.v1.worker.gpu_model_runner.allocate_kv_cache" in out
+    assert f"BAD patch {module}.allocate_kv_cache" in out
     assert "has signature (kv_cache_config)" in out
 
 
@@ -148,15 +172,16 @@ def test_host_vmm_is_not_claimed_without_memfd(doctor_env: pytest.MonkeyPatch) -
 def test_release_whose_functions_differ_is_reported_with_the_difference(
     doctor_env: pytest.MonkeyPatch,
 ) -> None:
-    """0.33's code reported as 0.31: the 0.30–0.31 adapter expects init_kv_cache without
-    attn_groups, so doctor names that function and its signature instead of guessing."""
+    """The installed release's code reported as 0.31: the 0.30–0.31 adapter expects
+    init_kv_cache without attn_groups, so doctor names that function and its signature
+    instead of guessing."""
     import vllm
 
     doctor_env.setenv("KVPLAN_BACKEND", "torch")
     doctor_env.setattr(vllm, "__version__", "0.31.0")
     code, out = _doctor("--json")
     report = json.loads(out)
-    assert code == 2 and report["vllm"]["supported_range"] == "0.29–0.33"
+    assert code == 2 and report["vllm"]["supported_range"] == "0.29–0.34"
     assert report["adapter"] == "vllm-0.30-0.31"
     problems = {p["location"]: p["message"] for p in report["problems"]}
     assert "attn_groups" in problems["vllm.v1.worker.gpu.attn_utils.init_kv_cache"]

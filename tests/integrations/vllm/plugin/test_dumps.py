@@ -14,7 +14,12 @@ from kvplan.cli import app
 from kvplan.integrations.vllm import plugin, to_vllm
 from kvplan.schemas.errors import KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
-from tests.integrations.vllm.plugin._runners import v1_full_runner, via_v1, via_v2
+from tests.integrations.vllm.plugin._runners import (
+    FULL_RUNNERS,
+    RUNNER_PATHS,
+    full_runner,
+    via_v2,
+)
 from tests.integrations.vllm.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
@@ -26,13 +31,14 @@ def test_dumps_round_trip_through_show_and_diff(
     model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin, tmp_path: Path
 ) -> None:
     case = model_case("gemma4-e2b")
-    v1_dir, v2_dir = tmp_path / "v1", tmp_path / "v2"
-    load_plugin("torch", dump_dir=v1_dir)
-    _kv, runner = via_v1(case)
+    first, *others = RUNNER_PATHS  # V1 up to 0.33, else V2; then the others
+    first_dir = tmp_path / first
+    load_plugin("torch", dump_dir=first_dir)
+    _kv, runner = RUNNER_PATHS[first](case)
     (cache,) = plugin.bound_caches()
-    assert sorted(p.name for p in v1_dir.iterdir()) == ["rank0.input.json", "rank0.plan.json"]
+    assert sorted(p.name for p in first_dir.iterdir()) == ["rank0.input.json", "rank0.plan.json"]
 
-    plan_path, input_path = v1_dir / "rank0.plan.json", v1_dir / "rank0.input.json"
+    plan_path, input_path = first_dir / "rank0.plan.json", first_dir / "rank0.input.json"
     assert kvplan.load_plan(plan_path) == cache.plan
     document = kvplan.load_input(input_path)
     assert kvplan.plan(document) == cache.plan
@@ -49,11 +55,14 @@ def test_dumps_round_trip_through_show_and_diff(
     same = cli.invoke(app, ["diff", str(input_path), str(plan_path)])
     assert same.exit_code == 0, same.output
 
-    plugin.unregister()
-    load_plugin("torch", dump_dir=v2_dir)
-    via_v2(case)
-    both = cli.invoke(app, ["diff", str(plan_path), str(v2_dir / "rank0.plan.json")])
-    assert both.exit_code == 0, both.output  # V1 and V2 runners: the same plan
+    assert others
+    for other in others:
+        plugin.unregister()
+        load_plugin("torch", dump_dir=tmp_path / other)
+        _kv, owner = RUNNER_PATHS[other](case)
+        both = cli.invoke(app, ["diff", str(plan_path), str(tmp_path / other / "rank0.plan.json")])
+        assert both.exit_code == 0, (other, both.output)  # every runner: the same plan
+        del owner
     del runner
 
 
@@ -76,7 +85,9 @@ def test_diff_of_two_models_reports_changes(
     assert result.stdout.strip()
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_profiling_is_dumped_separately(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
@@ -84,7 +95,7 @@ def test_profiling_is_dumped_separately(
 ) -> None:
     case = model_case("llama")
     load_plugin("torch", dump_dir=tmp_path)
-    runner = v1_full_runner(case, monkeypatch)
+    runner = full_runner(kind, case, monkeypatch)
     runner.initialize_kv_cache(case.profiling_config(), is_profiling=True)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["rank0.profiling.input.json", "rank0.profiling.plan.json"]

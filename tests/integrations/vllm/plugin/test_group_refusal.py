@@ -79,7 +79,7 @@ def test_an_engine_on_several_nodes_cannot_join_a_group(tmp_path: Path, nnodes: 
 def test_the_executor_of_an_engine_on_two_nodes_starts_no_worker_in_a_group(
     load_plugin: LoadPlugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """vLLM 0.33's own ``Executor.__init__``, wrapped: with ``KVPLAN_GROUP`` and two nodes it
+    """vLLM's own ``Executor.__init__``, wrapped: with ``KVPLAN_GROUP`` and two nodes it
     refuses before ``_init_executor`` (which starts the workers); on one node it goes on."""
     from types import SimpleNamespace
 

@@ -1,7 +1,8 @@
 """kvplan among other plugins: a function another plugin wrapped first is refused (``KVP506``),
 never silently replaced; KV caches rebound after kvplan's check are noticed (``KVP507``).
 
-The runners are vLLM's real V1 ``initialize_kv_cache`` (``_runners.v1_full_runner``); the other
+The runners are vLLM's real ``initialize_kv_cache`` of each runner the installed release has
+whole (``_runners.FULL_RUNNERS``: V1 up to 0.33, the standalone CPU runner from 0.34); the other
 "plugin" here is the test's own wrapper around vLLM's function, as another package's plugin
 would install it. ``tests/engine/test_other_plugins.py`` does the same with a real second
 plugin package loaded by vLLM in a real engine.
@@ -22,7 +23,7 @@ from kvplan.integrations.vllm.versions import adapter_for, resolve
 from kvplan.integrations.vllm.versions._provenance import foreign_layer
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
-from tests.integrations.vllm.plugin._runners import v1_full_runner
+from tests.integrations.vllm.plugin._runners import FULL_RUNNERS, full_runner
 from tests.integrations.vllm.plugin.conftest import LoadPlugin
 
 
@@ -44,7 +45,9 @@ def test_vllms_own_functions_are_recognised() -> None:
     # decorated by vLLM with torch.inference_mode(): torch's layer is the release's too
     step = vars(worker.Worker)["execute_model"]
     assert foreign_layer(step, "execute_model") is None
-    for target in adapter_for("0.33").targets:  # type: ignore[union-attr]
+    import vllm
+
+    for target in adapter_for(vllm.__version__).targets:  # type: ignore[union-attr]
         found = resolve(target)
         assert found.ok and found.foreign is None, found.problem
 
@@ -83,9 +86,11 @@ def _runtime() -> Any:
     return state.runtime
 
 
-def _bound_runner(case: ModelCase, load_plugin: LoadPlugin, mp: Any, strict: bool) -> Any:
+def _bound_runner(
+    kind: str, case: ModelCase, load_plugin: LoadPlugin, mp: Any, strict: bool
+) -> Any:
     load_plugin("host-vmm", strict=strict)
-    runner = v1_full_runner(case, mp)
+    runner = full_runner(kind, case, mp)
     runner.initialize_kv_cache(case.engine_config)
     assert plugin.stats()["bound"] == 1
     return runner
@@ -102,15 +107,17 @@ def _rebind(runner: Any) -> tuple[str, str]:
     return victim, source
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_layer_rebound_after_the_check_is_noticed_at_the_first_step(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     strict: bool,
 ) -> None:
-    runner = _bound_runner(model_case("llama"), load_plugin, monkeypatch, strict)
+    runner = _bound_runner(kind, model_case("llama"), load_plugin, monkeypatch, strict)
     runtime = _runtime()
     runtime.check_step(runner)  # untouched: nothing to say
     watch = runtime._watches[id(runner)]
@@ -135,12 +142,14 @@ def test_a_layer_rebound_after_the_check_is_noticed_at_the_first_step(
     assert len(warnings) == 1 and victim in warnings[0].getMessage()
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_between_checks_a_step_pays_one_clock_read(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runner = _bound_runner(model_case("llama"), load_plugin, monkeypatch, True)
+    runner = _bound_runner(kind, model_case("llama"), load_plugin, monkeypatch, True)
     runtime = _runtime()
     runtime.check_step(runner)  # the first step: compared
     _rebind(runner)
@@ -150,26 +159,37 @@ def test_between_checks_a_step_pays_one_clock_read(
         runtime.check_step(runner)
 
 
+_BINDS = {
+    "v1": ("vllm.v1.worker.gpu_model_runner", "bind_kv_cache"),
+    "cpu": ("vllm.v1.worker.cpu.attn_utils", "bind_kv_cache_to_layers"),
+}
+"""Per full runner: the module global its ``initialize_kv_cache`` binds the layers with."""
+
+
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_a_layer_bound_elsewhere_by_vllms_runner_is_refused_at_once(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Something inside the runner's own initialize_kv_cache binds a layer to another
     layer's memory: kvplan's dict check passes (vLLM's dict is right), the layers are not."""
-    import vllm.v1.worker.gpu_model_runner as v1
+    import importlib
 
     case = model_case("llama")
-    real = v1.bind_kv_cache
+    module, name = _BINDS[kind]
+    holder = importlib.import_module(module)
+    real = getattr(holder, name)
 
     def crossed(kv_caches: dict[str, Any], forward_context: Any, *args: Any, **kw: Any) -> Any:
         real(kv_caches, forward_context, *args, **kw)
         names = list(kv_caches)
         forward_context[names[-1]].kv_cache = kv_caches[names[0]]
 
-    monkeypatch.setattr(v1, "bind_kv_cache", crossed)
+    monkeypatch.setattr(holder, name, crossed)
     load_plugin("host-vmm", strict=True)
-    runner = v1_full_runner(case, monkeypatch)
+    runner = full_runner(kind, case, monkeypatch)
     with pytest.raises(KVPlanError) as refused:
         runner.initialize_kv_cache(case.engine_config)
     assert Code.CACHE_REBOUND in [d.code for d in refused.value.diagnostics]

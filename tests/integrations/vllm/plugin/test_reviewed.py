@@ -13,7 +13,12 @@ from kvplan.integrations.vllm import plugin
 from kvplan.integrations.vllm.pipeline._reviewed import slug
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
-from tests.integrations.vllm.plugin._runners import via_v1, via_v2
+from tests.integrations.vllm.plugin._runners import (
+    FULL_RUNNERS,
+    RUNNER_PATHS,
+    full_runner,
+    via_v2,
+)
 from tests.integrations.vllm.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
@@ -38,10 +43,13 @@ def _reviewed(
 def test_the_reviewed_plan_binds(
     name: str, model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin, tmp_path: Path
 ) -> None:
+    """Reviewed from a V2 dump; bound by another runner (V1 up to 0.33, else the CPU
+    build's), then by V2 again from the model's own folder."""
     case = model_case("llama")
     folder = _reviewed(case, load_plugin, tmp_path, name)
     load_plugin("torch", plan_dir=folder.parent)
-    _kv, runner = via_v1(case)
+    other = next(path for path in RUNNER_PATHS if path != "v2")
+    _kv, runner = RUNNER_PATHS[other](case)
     assert plugin.stats()["bound"] == 1
     del runner
     plugin.unregister()
@@ -125,17 +133,17 @@ def test_plan_dir_that_is_not_a_directory_refuses_to_start(
     assert not plugin.is_active()
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_profiling_is_not_checked_against_the_reviewed_plan(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    from tests.integrations.vllm.plugin._runners import v1_full_runner
-
     case = model_case("llama")
     _another_models_plan(tmp_path / "golden")
     load_plugin("torch", plan_dir=tmp_path / "golden")
-    runner = v1_full_runner(case, monkeypatch)
+    runner = full_runner(kind, case, monkeypatch)
     runner.initialize_kv_cache(case.profiling_config(), is_profiling=True)
     assert plugin.stats()["profiling"] == 1

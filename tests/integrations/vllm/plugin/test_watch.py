@@ -15,21 +15,32 @@ from kvplan.integrations.vllm.versions import adapter_for
 from kvplan.schemas.errors import Code, KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
 from tests.integrations.vllm.plugin._runners import (
+    ALLOCATING_MODULE,
     CPU,
+    FULL_RUNNER_CALLS,
+    FULL_RUNNERS,
+    HAS_V1,
+    RUNNER_PATHS,
     describe,
+    full_runner,
     storages,
-    v1_full_runner,
-    v1_runner,
     via_allocate,
-    via_v1,
     via_v2,
 )
 from tests.integrations.vllm.plugin.conftest import LoadPlugin
 
 pytestmark = pytest.mark.vllm
 
-_ADAPTER = adapter_for("0.33")
-assert _ADAPTER is not None
+
+def _installed_adapter() -> Any:
+    import vllm
+
+    adapter = adapter_for(vllm.__version__)
+    assert adapter is not None, vllm.__version__
+    return adapter
+
+
+_ADAPTER = _installed_adapter()
 SITES = [t for t in _ADAPTER.targets if t.patched]
 
 
@@ -76,14 +87,9 @@ def test_check_patches_reports_an_unwrapped_site(
     assert problem.code is Code.INTEGRATION and problem.location == target.name
 
 
-@pytest.mark.parametrize(
-    ("module", "path"),
-    [("vllm.v1.worker.gpu_model_runner", via_v1), ("vllm.v1.worker.gpu.attn_utils", via_v2)],
-    ids=["v1", "v2"],
-)
+@pytest.mark.parametrize("path", list(RUNNER_PATHS))
 def test_runner_call_that_bypasses_kvplan_fails(
-    module: str,
-    path: Callable[[ModelCase], Any],
+    path: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
@@ -92,9 +98,10 @@ def test_runner_call_that_bypasses_kvplan_fails(
     the binding tests above would notice a call site kvplan stopped watching."""
     case = model_case("llama")
     load_plugin("torch")
+    module = ALLOCATING_MODULE[path]
     _restore_original(monkeypatch, module, "allocate_kv_cache")
     with pytest.raises(KVPlanError) as info:
-        path(case)
+        RUNNER_PATHS[path](case)
     message = str(info.value)
     assert info.value.code is Code.INTEGRATION
     assert "without allocating through kvplan" in message
@@ -132,20 +139,62 @@ def test_sharers_without_a_sharing_map_are_refused(
     assert plugin.bound_caches() == []
 
 
-def test_runner_map_missing_a_sharer_is_refused(
-    model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+if HAS_V1:  # the V2 runners read vLLM's own map, from the layers (below)
+
+    def test_runner_map_missing_a_sharer_is_refused(
+        model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+    ) -> None:
+        """The V1 runner's map (``runner.shared_kv_cache_layers``) lacks one sharer."""
+        from tests.integrations.vllm.plugin._runners import v1_runner, via_v1
+
+        case = model_case("gemma4-e2b")
+        load_plugin("torch")
+        runner = v1_runner(case)
+        forgotten = sorted(case.shared)[-1]
+        del runner.shared_kv_cache_layers[forgotten]
+        with pytest.raises(KVPlanError) as info:
+            via_v1(case, runner)
+        codes = [d.code for d in info.value.diagnostics]
+        assert codes[0] is Code.INTEGRATION and Code.LAYER_UNBOUND in codes
+        assert forgotten in str(info.value.diagnostics)
+        assert plugin.stats()["refused"] == 1 and plugin.bound_caches() == []
+
+
+_SHARING_MAPS = {
+    "v2": "vllm.v1.worker.gpu.attn_utils",
+    "cpu": "vllm.v1.worker.cpu.attn_utils",
+}
+"""Per V2 path: the module whose ``get_shared_kv_cache_layers`` both vLLM's alias step and
+kvplan read."""
+
+
+@pytest.mark.parametrize("path", [p for p in RUNNER_PATHS if p in _SHARING_MAPS])
+def test_sharing_map_missing_a_sharer_is_refused(
+    path: str,
+    model_case: Callable[[str], ModelCase],
+    load_plugin: LoadPlugin,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """vLLM's alias step reads a map (``get_shared_kv_cache_layers(vllm_config)``) that lacks
+    a sharer the runner's config holds: vLLM leaves that layer without a cache, and kvplan's
+    check of vLLM's dict against the plan refuses, naming it (``KVP403``)."""
     case = model_case("gemma4-e2b")
     load_plugin("torch")
-    runner = v1_runner(case)
+    module = importlib.import_module(_SHARING_MAPS[path])
     forgotten = sorted(case.shared)[-1]
-    del runner.shared_kv_cache_layers[forgotten]
+    real = module.get_shared_kv_cache_layers
+
+    def without(vllm_config: Any) -> dict[str, str]:
+        return {k: v for k, v in real(vllm_config).items() if k != forgotten}
+
+    monkeypatch.setattr(module, "get_shared_kv_cache_layers", without)
     with pytest.raises(KVPlanError) as info:
-        via_v1(case, runner)
+        RUNNER_PATHS[path](case)
     codes = [d.code for d in info.value.diagnostics]
-    assert codes[0] is Code.INTEGRATION and Code.LAYER_UNBOUND in codes
-    assert forgotten in str(info.value.diagnostics)
-    assert plugin.stats()["refused"] == 1 and plugin.bound_caches() == []
+    assert codes[0] is Code.INTEGRATION and Code.VERIFY_MISMATCH in codes
+    (mismatch,) = [d for d in info.value.diagnostics if d.code is Code.VERIFY_MISMATCH]
+    assert mismatch.location == forgotten
+    assert plugin.stats()["refused"] == 1
 
 
 def test_strict_turns_warnings_into_refusals(
@@ -209,36 +258,61 @@ class _Pool:
         return None
 
 
+def _call_in_pool(path: str, case: ModelCase, pool: _Pool) -> Any:
+    """The runner path's tensor call with ``kv_cache_allocation_context=pool``; its owner."""
+    if path == "v1":
+        from tests.integrations.vllm.plugin._runners import v1_runner
+
+        runner = v1_runner(case)
+        runner.initialize_kv_cache_tensors(
+            case.runner_config(), case.kernel_block_sizes, kv_cache_allocation_context=pool
+        )
+        return runner
+    module = importlib.import_module(
+        "vllm.v1.worker.gpu.model_runner"
+        if path == "v2"
+        else "vllm.v1.worker.cpu.standalone_model_runner"
+    )
+    module.init_kv_cache(
+        case.forward_context, case.runner_config(), CPU, list(case.kernel_block_sizes),
+        case.vllm_config, kv_cache_allocation_context=pool,
+    )  # fmt: skip
+    return None
+
+
+@pytest.mark.parametrize("path", list(RUNNER_PATHS))
 @pytest.mark.parametrize("backend", ["torch", "host-vmm"])
 def test_memory_pool_context(
-    backend: str, model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
+    backend: str, path: str, model_case: Callable[[str], ModelCase], load_plugin: LoadPlugin
 ) -> None:
     case = model_case("llama")
     load_plugin(backend)
-    runner, pool = v1_runner(case), _Pool()
-    call = runner.initialize_kv_cache_tensors
+    pool = _Pool()
     if backend == "torch":  # allocates inside the pool, like vanilla vLLM
-        call(case.runner_config(), case.kernel_block_sizes, kv_cache_allocation_context=pool)
+        owner = _call_in_pool(path, case, pool)
         assert pool.entered == 1 and plugin.stats()["bound"] == 1
+        del owner
     else:
         with pytest.raises(KVPlanError, match="memory pool"):
-            call(case.runner_config(), case.kernel_block_sizes, kv_cache_allocation_context=pool)
+            _call_in_pool(path, case, pool)
         assert plugin.stats()["bound"] == 0
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_runner_initialize_kv_cache_profiling_then_serving(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The real V1 ``initialize_kv_cache``: a profiling call (vLLM allocates; kvplan plans
+    """A runner's real ``initialize_kv_cache``: a profiling call (vLLM allocates; kvplan plans
     and checks), then the real config (kvplan binds). The cache lives with the runner."""
     case = model_case("gemma4-e2b")
-    vanilla = v1_full_runner(case, monkeypatch)
+    vanilla = full_runner(kind, case, monkeypatch)
     vanilla.initialize_kv_cache(case.engine_config)
 
     load_plugin("host-vmm")
-    runner = v1_full_runner(case, monkeypatch)
+    runner = full_runner(kind, case, monkeypatch)
     runner.initialize_kv_cache(case.profiling_config(), is_profiling=True)
     assert plugin.stats()["profiling"] == 1 and plugin.bound_caches() == []
     runner.kv_caches.clear()  # vLLM's _cleanup_profiling_kv_cache does this
@@ -263,21 +337,21 @@ def test_runner_initialize_kv_cache_profiling_then_serving(
     assert second.closed and plugin.bound_caches() == []
 
 
+@pytest.mark.parametrize("kind", list(FULL_RUNNERS))
 def test_runner_initialize_kv_cache_bypass_fails(
+    kind: str,
     model_case: Callable[[str], ModelCase],
     load_plugin: LoadPlugin,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     case = model_case("llama")
     load_plugin("torch")
-    runner = v1_full_runner(case, monkeypatch)
-    _restore_original(
-        monkeypatch, "vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache_tensors"
-    )
-    _restore_original(monkeypatch, "vllm.v1.worker.gpu_model_runner", "allocate_kv_cache")
+    runner = full_runner(kind, case, monkeypatch)
+    for module, qualname in FULL_RUNNER_CALLS[kind]:
+        _restore_original(monkeypatch, module, qualname)
     with pytest.raises(KVPlanError, match="without allocating through kvplan") as info:
         runner.initialize_kv_cache(case.engine_config)
-    assert "GPUModelRunner.initialize_kv_cache" in str(info.value)
+    assert f"{type(runner).__name__}.initialize_kv_cache" in str(info.value)
 
 
 def test_unowned_caches_are_closed_by_unregister(
