@@ -26,16 +26,7 @@ LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
 
 
 def _scheduler(tmp_path: Any) -> tuple[Any, SchedulerSide]:
-    import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        KVCacheTensor,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.config import ModelConfig
 
     from harness.engine._models import write_model
 
@@ -43,7 +34,20 @@ def _scheduler(tmp_path: Any) -> tuple[Any, SchedulerSide]:
         model=str(write_model("llama", tmp_path / "model")), skip_tokenizer_init=True,
         max_model_len=256, dtype="float32",
     )  # fmt: skip
-    config = VllmConfig(
+    from kvplan.integrations.vllm.inspect._emulation import cuda_platform
+
+    # vLLM 0.34's CPU platform refuses x86 without triton-cpu when the config is checked; the
+    # scheduler and its block pool are the same whichever platform checked it.
+    with cuda_platform():
+        config = _config(model)
+    config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine core sets after profiling
+    return _with_scheduler(config, tmp_path)
+
+
+def _config(model: Any) -> Any:
+    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+
+    return VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(
@@ -54,7 +58,19 @@ def _scheduler(tmp_path: Any) -> tuple[Any, SchedulerSide]:
         ),
         device_config=DeviceConfig(device="cpu"),
     )
-    config.cache_config.num_gpu_blocks = NUM_BLOCKS  # what the engine core sets after profiling
+
+
+def _with_scheduler(config: Any, tmp_path: Any) -> tuple[Any, SchedulerSide]:
+    import torch
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
     page = spec.page_size_bytes
     kv_config = KVCacheConfig(
@@ -115,10 +131,10 @@ def _finish(
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(output.num_scheduled_tokens)
-    result = ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[token] for _ in ids],
-    )  # fmt: skip
+    fields = {"req_ids": ids, "sampled_token_ids": [[token] for _ in ids]}
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # up to vLLM 0.33
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    result = ModelRunnerOutput(**fields)
     if failed is not None:
         result = elastic.with_report(result, elastic.MapFailureReport.of(failed, 0))
     call = wrapped_call(scheduler, "update_from_output", output, result)

@@ -145,3 +145,26 @@ def _init_kv_cache(case: ModelCase, **extra: Any) -> dict[str, Any]:
 
 def _shapes(kv: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     return {name: (tuple(t.shape), tuple(t.stride())) for name, t in sorted(kv.items())}
+
+
+def test_inspect_beside_an_enabled_plugin_shows_the_plugins_binding(tmp_path: Any) -> None:
+    """``kvplan inspect`` with ``KVPLAN_ENABLE=1`` in the environment: vLLM loads kvplan's
+    plugin while inspect builds the config under its CUDA emulation, and the plugin wraps
+    vLLM's own resolution (not the emulation's wrapper, which is kvplan's): the binding shown
+    is the one the plugin makes, with the extensible cache off."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVPLAN_ENABLE": "1", "KVPLAN_BACKEND": "torch"}
+    env.pop("VLLM_PLUGINS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplan", "inspect", "meta-llama/Llama-3.1-8B-Instruct",
+         "--max-model-len", "2048", "--json"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KVP506" not in done.stderr
+    assert "vLLM's extensible KV cache: off" in done.stderr
+    assert json.loads(done.stdout)["plan"]["source"]["num_blocks"] > 0

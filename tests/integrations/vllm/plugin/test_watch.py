@@ -195,6 +195,7 @@ def test_sharing_map_missing_a_sharer_is_refused(
     (mismatch,) = [d for d in info.value.diagnostics if d.code is Code.VERIFY_MISMATCH]
     assert mismatch.location == forgotten
     assert plugin.stats()["refused"] == 1
+    assert plugin.bound_caches() == []  # refused: the cache kvplan bound is closed, not kept
 
 
 def test_strict_turns_warnings_into_refusals(

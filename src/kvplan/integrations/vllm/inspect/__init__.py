@@ -489,7 +489,8 @@ def _extensible_notes(
             if options.extensible_kv_cache is False
             else "vLLM turns it off with --num-gpu-blocks-override"
             if options.num_blocks is not None
-            else "vLLM's choice for this configuration"
+            else "vLLM's choice for this configuration, or kvplan's plugin's where "
+            "KVPLAN_ENABLE=1 loaded it"
         )
         return [
             f"vLLM's extensible KV cache: off ({why}): all {config.num_blocks:,} blocks are "

@@ -30,6 +30,7 @@ default on CUDA and ROCm, off elsewhere). ``VllmConfig._resolve_extensible_kv_ca
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,8 +70,12 @@ def _cuda_check_and_update_config(vllm_config: Any) -> None:
 
 
 def _as_cuda_alike(platform_cls: type, method: Any) -> Any:
-    """``method`` run with the platform's ``is_cuda_alike()`` answering true."""
+    """``method`` run with the platform's ``is_cuda_alike()`` answering true. Marked as one of
+    kvplan's own wrappers, so that the vLLM plugin, should it register inside the emulation
+    (``KVPLAN_ENABLE=1`` beside ``kvplan inspect``: vLLM loads its plugins while it builds the
+    config), wraps vLLM's function, not this one, and does not take it for another plugin's."""
 
+    @functools.wraps(method)
     def as_cuda(self: Any) -> None:
         saved = platform_cls.__dict__.get("is_cuda_alike")
         platform_cls.is_cuda_alike = lambda _self: True  # type: ignore[attr-defined]
@@ -82,6 +87,7 @@ def _as_cuda_alike(platform_cls: type, method: Any) -> Any:
             else:
                 platform_cls.is_cuda_alike = saved  # type: ignore[attr-defined]
 
+    setattr(as_cuda, "__kvplan_wrapper__", True)  # noqa: B010
     return as_cuda
 
 
@@ -167,8 +173,9 @@ def cuda_platform() -> Iterator[None]:
     try:
         yield
     finally:
-        for owner, name, value in saved_others:
-            setattr(owner, name, value)
+        for (owner, name, value), (_, _, ours) in zip(saved_others, others, strict=True):
+            if owner.__dict__.get(name) is ours:  # else the plugin wrapped it: its to restore
+                setattr(owner, name, value)
         selector._cached_get_attn_backend.cache_clear()
         for name, value in saved.items():
             if value is None:

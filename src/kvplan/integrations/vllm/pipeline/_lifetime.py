@@ -89,6 +89,18 @@ def release_owner(owner: Any) -> None:
     _close_quietly(caches)
 
 
+def discard(cache: BoundKVCache) -> None:
+    """Close ``cache`` now and forget it: kvplan refused what vLLM did with it."""
+    found: list[_Kept] = []
+    with _LOCK:
+        for _, caches in _OWNED.values():
+            found.extend(kept for kept in caches if kept[0] is cache)
+            caches[:] = [kept for kept in caches if kept[0] is not cache]
+        found.extend(kept for kept in _UNOWNED if kept[0] is cache)
+        _UNOWNED[:] = [kept for kept in _UNOWNED if kept[0] is not cache]
+    _close_quietly(found or [(cache, None)])
+
+
 def release_all() -> None:
     """Close every cache the plugin bound (tests, shutdown)."""
     with _LOCK:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvplan.integrations.vllm.pipeline import _watch, refusals
-from kvplan.integrations.vllm.pipeline._lifetime import keep, release_owner
+from kvplan.integrations.vllm.pipeline._lifetime import discard, keep, release_owner
 from kvplan.integrations.vllm.pipeline.announce import announce
 from kvplan.integrations.vllm.pipeline.settings import Settings
 from kvplan.schemas.errors import Findings, KVPlanError
@@ -485,6 +485,8 @@ class Runtime:
             try:
                 verify_step(record.plan, result, "the KV caches vLLM bound", pools=pools)
             except KVPlanError as exc:
+                if record.bound is not None:  # refused: its memory goes back now
+                    discard(record.bound)
                 where = refusals.Where(record.label, runner, record.phase, call.site)
                 raise self.refuse(
                     refusals.bind_refused(exc.diagnostics, where, self.vllm_version)
