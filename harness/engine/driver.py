@@ -53,13 +53,15 @@ def count_preemptions() -> None:
     Scheduler._preempt_request = counted  # type: ignore[method-assign]
 
 
+CPU_RUNNER = "vllm.v1.worker.cpu_model_runner|vllm.v1.worker.cpu.model_runner"
+"""The CPU model runner's module: the V1 runner's up to vLLM 0.33, the V2-based one from 0.34."""
 STEP_TIMERS = (
     ("schedule", "vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
     ("update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
     ("worker.execute_model", "vllm.v1.worker.gpu_worker", "Worker", "execute_model"),
-    ("runner.execute_model", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "execute_model"),
+    ("runner.execute_model", CPU_RUNNER, "CPUModelRunner", "execute_model"),
     ("worker.sample_tokens", "vllm.v1.worker.gpu_worker", "Worker", "sample_tokens"),
-    ("runner.sample_tokens", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "sample_tokens"),
+    ("runner.sample_tokens", CPU_RUNNER, "CPUModelRunner", "sample_tokens"),
 )
 """``"step_timers": true`` in the job: where a step's time goes, per variant. Each function is
 timed as vLLM calls it, after kvplan's plugin wrapped it (so a ``Scheduler`` or ``Worker``
@@ -70,11 +72,9 @@ variant's ``generate`` only, on top of whatever sits there."""
 @contextmanager
 def step_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
     """Time :data:`STEP_TIMERS` (seconds and calls, into ``into``) while the block runs."""
-    import importlib
-
     patched: list[tuple[Any, str, Any]] = []
     for key, module, cls_name, name in STEP_TIMERS:
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls = timer_class(module, cls_name)
         own = cls.__dict__.get(name)  # None: inherited (put back by removing the timer)
         inner = own or getattr(cls, name)
         setattr(cls, name, _timed(inner, into.setdefault(key, {"seconds": 0.0, "calls": 0})))
@@ -83,6 +83,19 @@ def step_timers(into: dict[str, dict[str, float]]) -> Iterator[None]:
         yield
     finally:
         _put_back(patched)
+
+
+def timer_class(modules: str, cls_name: str) -> Any:
+    """The class ``cls_name`` of the first of ``modules`` (``a|b``) the installed vLLM has."""
+    import importlib
+
+    *earlier, last = modules.split("|")
+    for module in earlier:
+        try:
+            return getattr(importlib.import_module(module), cls_name)
+        except ModuleNotFoundError:
+            continue
+    return getattr(importlib.import_module(last), cls_name)
 
 
 def _timed(

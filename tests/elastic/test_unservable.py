@@ -28,10 +28,10 @@ def _step(scheduler: Any, side: SchedulerSide) -> dict[str, Any]:
     mode = ElasticMode(ElasticSettings(), backend="host-vmm")
     output = mode.schedule(None, wrapped_call(scheduler, "schedule"))  # type: ignore[arg-type]
     ids = list(output.num_scheduled_tokens)
-    result = ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[7] for _ in ids],
-    )  # fmt: skip
+    fields: dict[str, Any] = {"req_ids": ids, "sampled_token_ids": [[7] for _ in ids]}
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # up to vLLM 0.33
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    result = ModelRunnerOutput(**fields)
     outputs = mode.update_from_output(
         None, wrapped_call(scheduler, "update_from_output", output, result)
     )  # type: ignore[arg-type]

@@ -72,7 +72,10 @@ def recover_failed_map(scheduler: Any, side: SchedulerSide, failed: MapFailed) -
     for request in reversed([r for r in scheduler.running if r.request_id in affected]):
         scheduler.running.remove(request)
         scheduler._preempt_request(request, now, drop_stale_output=True)
-        scheduler.prev_step_scheduled_req_ids.discard(request.request_id)
+        # up to vLLM 0.33 the scheduler remembers the last step's requests (0.34 does not)
+        previous = getattr(scheduler, "prev_step_scheduled_req_ids", None)
+        if previous is not None:
+            previous.discard(request.request_id)
     side.pool.evict_blocks(suspect)
     side.ceiling = side.ledger.mapped_bytes
     side.retry_at = now + side.settings.map_retry

@@ -28,7 +28,10 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
   ``KVCacheConfig.needs_kv_cache_zeroing`` (``init=False``); none of 0.30-0.31's
   ``storage_block_size``.
 - Elastic serving: every elastic target keeps 0.33's signature; ``BlockPool.free_blocks``
-  gains ``evict_first`` (kvplan's pool passes it through).
+  gains ``evict_first`` (kvplan's pool passes it through); the scheduler no longer keeps
+  ``prev_step_scheduled_req_ids`` (a failed map's recovery preempts as vLLM's own
+  ``reset_prefix_cache`` does, without it); ``gpu_memory_utilization`` may be ``None`` (kvplan
+  reads ``resolved_gpu_memory_utilization``).
 """
 
 from __future__ import annotations
