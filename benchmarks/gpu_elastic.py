@@ -21,7 +21,7 @@ granularity) as a dry run.
 Checks:
 
 * ``environment``: versions, device, granularity, free memory.
-* ``kernels``: the golden gemma-4-E2B plan (``examples/golden``), re-planned by kvplan from its
+* ``kernels``: vLLM 0.33's golden gemma-4-E2B plan (``tests/data/golden-vllm-0.33``), re-planned from its
   golden input at fewer blocks (3 GiB on a GPU), bound elastic (``unbacked="scratch"``) and,
   side by side, by the ``torch`` backend (eager). A seeded random sequence of steps releases
   finished "requests" (runs of blocks) and maps new ones; through the bound per-layer views
@@ -77,7 +77,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
-GOLDEN = ROOT / "examples" / "golden" / "google__gemma-4-E2B-it"
+GOLDEN = ROOT / "tests" / "data" / "golden-vllm-0.33" / "google__gemma-4-E2B-it"
+"""vLLM 0.33's golden gemma-4-E2B (unpadded segments, kept fixed: ``examples/golden`` follows
+the installed vLLM, whose 0.34 pads every layer's segment to 2 MiB)."""
 SCRIPT = Path(__file__).resolve()
 
 KiB = 1 << 10

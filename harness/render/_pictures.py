@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python -m harness.render._pictures docs/img
 
-writes ``gemma-4-E2B.png`` (vLLM 0.33's golden gemma-4-E2B plan, kept in ``tests/data``), ``gemma-4-E2B-LBNHC-vs-BLHNC.png``
+writes ``gemma-4-E2B.png`` (vLLM 0.33's golden gemma-4-E2B plan, kept in ``tests/data``),
+``gemma-4-E2B-LBNHC-vs-BLHNC.png``
 (that plan against the plan of the same input with the layout changed to BLHNC and the tensor
 placed as vLLM places block-outermost layouts) and ``kvplan-top-gemma-4-E2B.png`` (what
 ``kvplan top --html`` draws for a synthetic snapshot of an elastic engine serving that plan),
@@ -24,7 +25,7 @@ from kvplan.schemas.loading import load_plan, parse_input
 from kvplan.schemas.plan import BindingPlan
 
 ROOT = Path(__file__).resolve().parents[2]
-GEMMA = ROOT / "tests" / "data" / "pictures" / "google__gemma-4-E2B-it"
+GEMMA = ROOT / "tests" / "data" / "golden-vllm-0.33" / "google__gemma-4-E2B-it"
 """The gemma-4-E2B plan the pictures are drawn and tested on: vLLM 0.33's golden plan, kept
 fixed (``examples/golden`` follows the installed vLLM; a picture test should not)."""
 
