@@ -14,16 +14,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import json.decoder
 import math
 import os
 import re
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
-from json.decoder import scanstring as _scanstring
 
 from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
 
@@ -358,14 +359,14 @@ def decode_text(data: bytes, name: str) -> str:
     return text
 
 
-def read_data(path: str | Path, *, within: str | Path | None = None) -> Any:
+def read_data(path: str | Path, *, within: str | Path | None = None, own: bool = False) -> Any:
     """Parse a JSON or YAML file (``-`` reads stdin) within the reading limits.
 
     KVP002 unreadable, KVP001 malformed, KVP009-KVP015 over a limit, KVP022 not a regular
     file, KVP023 a link below ``within`` (see :func:`read_bytes` and docs/formats.md).
     """
     name = str(path)
-    return parse_text(decode_text(read_bytes(path, within=within), name), name)
+    return parse_text(decode_text(read_bytes(path, within=within, own=own), name), name)
 
 
 def parse_text(text: str, name: str = "<text>") -> Any:
@@ -382,6 +383,10 @@ def parse_text(text: str, name: str = "<text>") -> Any:
         return _parse_json(text, name)
     return _parse_yaml(text, name)
 
+
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+"""The standard library's JSON string scanner (C): ``(decoded, index after the closing quote)``
+from the index after the opening quote."""
 
 _JSON_TOKEN = re.compile(
     r'"|[{}\[\],:]|-?(?:[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|-?Infinity'
