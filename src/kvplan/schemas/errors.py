@@ -18,7 +18,11 @@ MAX_REPR_CHARS = 60
 # C0/C1 control characters, DEL, the bidirectional overrides that reorder what a terminal
 # shows, and lone surrogates (the bytes of a file name that is not UTF-8, as Python decodes
 # it): never written raw to a terminal, a log or a page from a document or a file name.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+UNSAFE_CHARS = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+"""The one set (a regular-expression class body) escaped wherever kvplan prints text it did
+not write -- terminal, log, JSON (:func:`kvplan.schemas.canonical.escape_json_text`), HTML
+(``kvplan.render``) -- besides the C0 controls each of them escapes its own way."""
+_UNPRINTABLE = re.compile(f"[\x00-\x1f{UNSAFE_CHARS}]")
 
 
 def _escape_char(match: re.Match[str]) -> str:
