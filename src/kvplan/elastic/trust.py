@@ -102,8 +102,8 @@ def check_owner_and_mode(
         problem = "is open to" if private else "is writable by"
         raise _refuse(
             path,
-            f"the {what} {problem} other users (mode {mode:04o}); another user could hold "
-            "its lock or replace its files.",
+            f"the {what} {problem} other users (mode {mode:04o}); another user could "
+            + ("hold its lock or read it." if private else "plant or replace its files."),
             f"chmod {wanted:04o} {printable(str(path))}",
             place.code,
         )
