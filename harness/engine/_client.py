@@ -10,7 +10,11 @@ started with the load, its imports done, and told to run once the engine's stats
 blocks in use (the load has reached the engine) -- on a loaded 2-core machine importing the
 CLI took longer (5.6 s) than the whole load; then the stats file
 is watched until the engine reports the new limit, and that first snapshot is kept (its
-``live_blocks`` say whether requests held blocks in the step that applied it).
+``live_blocks`` say whether requests held blocks in the step that applied it). With
+``limit.plant`` (a command, run as another user: it leaves a ``limit.json`` of that user in
+the dump directory), the command runs first, once blocks are in use; after ``plant.wait``
+seconds the engine's snapshot and the planted file's owner are kept, and the file is removed
+(as an operator would) before ``kvplan limit`` runs.
 
 The result holds, per request in job order: ``token_ids``, ``prompt_token_ids``,
 ``finish_reason``, the sampled tokens' ids and logprobs as the logprobs report them, the
@@ -138,6 +142,8 @@ def _limit_once_loaded(
     else:
         results["error"] = "the engine never showed blocks in use"
         return
+    if spec.get("plant"):
+        results["plant"] = _plant(spec, stats, t0)
     started = time.perf_counter()
     output, _ = armed.communicate("go\n", timeout=120)
     results["cli"] = {
@@ -164,6 +170,26 @@ def _limit_once_loaded(
                 break
         time.sleep(POLL_SECONDS)
     results["error"] = "the engine never reported the new limit"
+
+
+def _plant(spec: dict[str, Any], stats: Path, t0: float) -> dict[str, Any]:
+    """Run the planting command, wait, keep what the engine then says; remove the file."""
+    plant = spec["plant"]
+    done = subprocess.run(plant["command"], capture_output=True, text=True, timeout=60)
+    time.sleep(float(plant.get("wait", 1.5)))
+    planted = Path(spec["dir"]) / "limit.json"
+    try:
+        owner: int | None = planted.stat().st_uid
+        planted.unlink()
+    except OSError:
+        owner = None
+    return {
+        "rc": done.returncode,
+        "output": (done.stdout + done.stderr)[-2000:],
+        "owner": owner,
+        "snapshot": _read(stats),
+        "t_s": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str]) -> int:
