@@ -63,8 +63,10 @@ class Place:
 
 
 GROUP = Place("group directory", "KVPLAN_GROUP", Code.GROUP_UNREACHABLE, shared_ok=False)
-DUMP = Place("dump directory", "KVPLAN_DUMP_DIR", Code.UNTRUSTED, shared_ok=True)
-PLANS = Place("reviewed-plan directory", "KVPLAN_PLAN_DIR", Code.UNTRUSTED, shared_ok=True)
+DUMP = Place("dump directory (KVPLAN_DUMP_DIR)", "KVPLAN_DUMP_DIR", Code.UNTRUSTED, shared_ok=True)
+PLANS = Place(
+    "reviewed-plan directory (KVPLAN_PLAN_DIR)", "KVPLAN_PLAN_DIR", Code.UNTRUSTED, shared_ok=True
+)
 
 
 def _refuse(

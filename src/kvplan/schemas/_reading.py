@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
+from kvplan.schemas.errors import Code, KVPlanError, error, owner_text, printable, show_value
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -91,16 +91,6 @@ def _unreadable(name: str, exc: OSError) -> NoReturn:
         errno.EACCES: "make the file readable (chmod u+r) or run as its owner",
     }.get(exc.errno or 0, "check the path and the file")
     _fail(Code.UNREADABLE, name, f"cannot read the file: {reason}.", hint)
-
-
-def owner_text(uid: int) -> str:
-    """Who ``uid`` is, for a message: ``uid 65534 (nobody)``, or ``uid 1234`` without a name."""
-    try:
-        import pwd
-
-        return f"uid {uid} ({printable(pwd.getpwuid(uid).pw_name, 64)})"
-    except (KeyError, ImportError, OverflowError):
-        return f"uid {uid}"
 
 
 def is_trusted_owner(uid: int) -> bool:

@@ -47,6 +47,16 @@ def printable(text: str, limit: int | None = None) -> str:
     return text
 
 
+def owner_text(uid: int) -> str:
+    """Who ``uid`` is, for a message: ``uid 65534 (nobody)``, or ``uid 1234`` without a name."""
+    try:
+        import pwd
+
+        return f"uid {uid} ({printable(pwd.getpwuid(uid).pw_name, 64)})"
+    except (KeyError, ImportError, OverflowError):
+        return f"uid {uid}"
+
+
 def show_value(value: Any, limit: int = MAX_REPR_CHARS) -> str:
     """A bounded ``repr`` of a user-supplied value for a message: never a huge integer's digits,
     a whole nested document, or a raw control character."""
