@@ -13,8 +13,9 @@ is watched until the engine reports the new limit, and that first snapshot is ke
 ``live_blocks`` say whether requests held blocks in the step that applied it). With
 ``limit.plant`` (a command, run as another user: it leaves a ``limit.json`` of that user in
 the dump directory), the command runs first, once blocks are in use; after ``plant.wait``
-seconds the engine's snapshot and the planted file's owner are kept, and the file is removed
-(as an operator would) before ``kvplan limit`` runs.
+seconds and a step of the engine's that came a second after the plant (the engine looks at
+``limit.json`` at most every half second), the engine's snapshot and the planted file's
+owner are kept, and the file is removed (as an operator would) before ``kvplan limit`` runs.
 
 The result holds, per request in job order: ``token_ids``, ``prompt_token_ids``,
 ``finish_reason``, the sampled tokens' ids and logprobs as the logprobs report them, the
@@ -175,8 +176,20 @@ def _limit_once_loaded(
 def _plant(spec: dict[str, Any], stats: Path, t0: float) -> dict[str, Any]:
     """Run the planting command, wait, keep what the engine then says; remove the file."""
     plant = spec["plant"]
+    planted_at = time.time()
     done = subprocess.run(plant["command"], capture_output=True, text=True, timeout=60)
     time.sleep(float(plant.get("wait", 1.5)))
+    # the engine looks at limit.json at a step at most every half second: wait for a step
+    # after a snapshot written a second after the plant (a first step can take seconds)
+    base: int | None = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        snap = _read(stats)
+        if snap and base is None and snap.get("time", 0) >= planted_at + 1.0:
+            base = int(snap.get("steps", 0))
+        elif snap and base is not None and int(snap.get("steps", 0)) > base:
+            break
+        time.sleep(POLL_SECONDS)
     planted = Path(spec["dir"]) / "limit.json"
     try:
         owner: int | None = planted.stat().st_uid
