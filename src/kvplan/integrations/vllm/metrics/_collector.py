@@ -45,7 +45,7 @@ SCRAPE_BYTES = 4 << 20
 """Bytes of files read per scrape, every engine together. Files unchanged since the scrape
 that read them cost nothing (their figures, or their failure, are kept by file stamp); past
 the budget the rest wait for the next scrape, lowest ranks first."""
-SCRAPE_FILES = 256
+SCRAPE_FILES = 128
 """Files read per scrape, every engine together (unchanged ones are not read: see
 :data:`SCRAPE_BYTES`)."""
 MAX_WARNINGS = 4096
