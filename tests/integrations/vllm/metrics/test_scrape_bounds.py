@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvplan.elastic.files import write_stats
-from kvplan.integrations.vllm.metrics._collector import MAX_RANKS
+from kvplan.integrations.vllm.metrics._collector import MAX_RANKS, SCRAPE_FILES
 from tests.integrations.vllm.metrics._helpers import scrape, stats, write_plan
 from tests.integrations.vllm.metrics.test_collector import reader_of
 
@@ -46,7 +46,8 @@ def test_rank_labels_stop_at_the_documented_bound(
     write_plan(tmp_path, MAX_RANKS + 5)  # plan files count toward the bound too
     reader = reader_of(tmp_path)
     with caplog.at_level(logging.WARNING, logger="vllm.kvplan"):
-        found = [reader.samples() for _ in range(6)]  # new files read a few hundred a scrape
+        scrapes = 2 + (MAX_RANKS + 8) // SCRAPE_FILES  # new files are read a bound a scrape
+        found = [reader.samples() for _ in range(scrapes)]
     for each in found:
         ranks = {int(sample.labels[2]) for sample in each}
         assert 0 in ranks and ranks <= set(range(MAX_RANKS))
