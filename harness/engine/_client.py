@@ -10,7 +10,12 @@ started with the load, its imports done, and told to run once the engine's stats
 blocks in use (the load has reached the engine) -- on a loaded 2-core machine importing the
 CLI took longer (5.6 s) than the whole load; then the stats file
 is watched until the engine reports the new limit, and that first snapshot is kept (its
-``live_blocks`` say whether requests held blocks in the step that applied it).
+``live_blocks`` say whether requests held blocks in the step that applied it). With
+``limit.plant`` (a command, run as another user: it leaves a ``limit.json`` of that user in
+the dump directory), the command runs first, once blocks are in use; after ``plant.wait``
+seconds and a step of the engine's that came a second after the plant (the engine looks at
+``limit.json`` at most every half second), the engine's snapshot and the planted file's
+owner are kept, and the file is removed (as an operator would) before ``kvplan limit`` runs.
 
 The result holds, per request in job order: ``token_ids``, ``prompt_token_ids``,
 ``finish_reason``, the sampled tokens' ids and logprobs as the logprobs report them, the
@@ -138,6 +143,8 @@ def _limit_once_loaded(
     else:
         results["error"] = "the engine never showed blocks in use"
         return
+    if spec.get("plant"):
+        results["plant"] = _plant(spec, stats, t0)
     started = time.perf_counter()
     output, _ = armed.communicate("go\n", timeout=120)
     results["cli"] = {
@@ -164,6 +171,38 @@ def _limit_once_loaded(
                 break
         time.sleep(POLL_SECONDS)
     results["error"] = "the engine never reported the new limit"
+
+
+def _plant(spec: dict[str, Any], stats: Path, t0: float) -> dict[str, Any]:
+    """Run the planting command, wait, keep what the engine then says; remove the file."""
+    plant = spec["plant"]
+    planted_at = time.time()
+    done = subprocess.run(plant["command"], capture_output=True, text=True, timeout=60)
+    time.sleep(float(plant.get("wait", 1.5)))
+    # the engine looks at limit.json at a step at most every half second: wait for a step
+    # after a snapshot written a second after the plant (a first step can take seconds)
+    base: int | None = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        snap = _read(stats)
+        if snap and base is None and snap.get("time", 0) >= planted_at + 1.0:
+            base = int(snap.get("steps", 0))
+        elif snap and base is not None and int(snap.get("steps", 0)) > base:
+            break
+        time.sleep(POLL_SECONDS)
+    planted = Path(spec["dir"]) / "limit.json"
+    try:
+        owner: int | None = planted.stat().st_uid
+        planted.unlink()
+    except OSError:
+        owner = None
+    return {
+        "rc": done.returncode,
+        "output": (done.stdout + done.stderr)[-2000:],
+        "owner": owner,
+        "snapshot": _read(stats),
+        "t_s": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str]) -> int:

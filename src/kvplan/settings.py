@@ -168,12 +168,6 @@ SETTINGS: tuple[Setting, ...] = (
         "group",
     ),
     Setting(
-        "KVPLAN_DEBUG_GROUP_UNLOCKED",
-        "unset",
-        "test-only negative control: `1` makes a group's read-check-writes skip the lock",
-        "group",
-    ),
-    Setting(
         "KVPLAN_TRACEBACK",
         "unset",
         "`1`: a kvplan bug (`KVP019`) prints its traceback, not only its one paragraph",

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvplan.elastic import _group_files
 from kvplan.elastic.group import (
-    DEBUG_UNLOCKED_ENV,
     GroupMember,
     GroupPaths,
     attach,
@@ -35,8 +35,8 @@ def racer(
     ledger), wait again, give it back."""
     member = GroupMember.join(directory, name, floor=0, ceiling=10 * free)
     member.hold_seconds = 0.0
-    if unlocked:  # the negative control: the race itself runs without the lock
-        os.environ[DEBUG_UNLOCKED_ENV] = "1"
+    if unlocked:  # the negative control: the race itself runs without the lock (injected
+        _group_files._UNLOCKED = True  # in this forked member process only)
     barrier.wait()
     for r in range(rounds):
         barrier.wait()
@@ -53,7 +53,7 @@ def racer(
                 held.value -= want
             member.give_back(0)
     barrier.wait()
-    os.environ.pop(DEBUG_UNLOCKED_ENV, None)
+    _group_files._UNLOCKED = False
     member.leave()
 
 

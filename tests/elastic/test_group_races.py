@@ -84,8 +84,9 @@ def test_racers_for_the_last_bytes_never_overcommit(tmp_path: Path, racers: int)
 
 @pytest.mark.slow
 def test_without_the_lock_the_same_race_overcommits(tmp_path: Path) -> None:
-    """Negative control (``KVPLAN_DEBUG_GROUP_UNLOCKED=1``): the same race with the read-check-
-    write outside the lock grants the last bytes twice, and the independent record sees it."""
+    """Negative control (the lock switched off inside the racers' processes, by the test):
+    the same race with the read-check-write outside the lock grants the last bytes twice, and
+    the independent record sees it."""
     rounds, doubles, over = _race(tmp_path, 2, unlocked=True)
     assert rounds == ROUNDS
     assert doubles > 0 and over > 0
@@ -247,3 +248,27 @@ def test_writers_killed_at_any_instant_leave_a_readable_consistent_ledger(
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ledger.json.")]
     assert os.listdir(GroupPaths(tmp_path).members) == [f"{last.lease_id}.lease"]
     last.leave()
+
+
+def test_no_environment_variable_turns_the_lock_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control is the tests' own: ``KVPLAN_DEBUG_GROUP_UNLOCKED=1`` (which once
+    made every read-check-write skip the lock) leaves the lock in force."""
+    import fcntl
+    import os
+
+    from kvplan.elastic.group import set_budget
+    from kvplan.schemas.errors import KVPlanError
+
+    set_budget(tmp_path, 1 << 30, create=True)
+    monkeypatch.setenv("KVPLAN_DEBUG_GROUP_UNLOCKED", "1")
+    fd = os.open(GroupPaths(tmp_path).lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another holder of the group's lock
+        with pytest.raises(KVPlanError) as caught:
+            set_budget(tmp_path, 2 << 30, timeout=0.3)
+        assert caught.value.diagnostics[0].code.value == "KVP540"
+    finally:
+        os.close(fd)
+    assert read_ledger(GroupPaths(tmp_path)).budget_bytes == 1 << 30  # type: ignore[union-attr]

@@ -576,3 +576,59 @@ def test_busy_ahead_with_no_reserve_to_map_ahead_in_is_refused() -> None:
     assert "nothing could be mapped ahead" in problem.message
     for either in ({**env, "KVPLAN_RESERVE": "1MiB"}, {**env, "KVPLAN_BUSY_AHEAD": "0"}):
         assert read_elastic_settings(either)[1] == []
+
+
+def test_a_limit_file_of_another_user_is_refused_and_logged(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine obeys a ``limit.json`` of its own user or root only; another user's (here
+    ``nobody``'s, chowned: CI runs as root) is logged with its owner and ignored."""
+    import logging
+    import os
+
+    from kvplan.elastic.files import write_limit
+
+    assert os.geteuid() == 0, "CI runs as root: the test chowns to nobody"
+    _, side, block = _side(blocks=8)
+    before = side.limit
+    side.dump_dir = tmp_path
+    write_limit(tmp_path, 20 * block)
+    os.chown(tmp_path / "limit.json", 65534, 65534)
+    side._limit_polled = -1e9
+    with caplog.at_level(logging.INFO, logger="vllm.kvplan"):
+        side.before_schedule()
+    assert side.limit == before
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "limit file ignored" in logged and "uid 65534" in logged, logged
+    os.chown(tmp_path / "limit.json", 0, 0)  # the operator's (root's) file is obeyed
+    side._limit_polled = -1e9
+    with caplog.at_level(logging.INFO, logger="vllm.kvplan"):
+        side.before_schedule()
+    assert side.limit == 20 * block
+    assert any("of uid 0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_limit_copied_with_its_old_time_is_noticed(tmp_path: Any) -> None:
+    """``cp -p`` / ``rsync -t`` write a new limit with the old file's modification time: the
+    change is seen (inode, size, change time), not missed for an unchanged mtime."""
+    import os
+    import shutil
+
+    from kvplan.elastic.files import write_limit
+
+    _, side, block = _side(blocks=8)
+    side.dump_dir = tmp_path
+    write_limit(tmp_path, 20 * block)
+    side._limit_polled = -1e9
+    side.before_schedule()
+    assert side.limit == 20 * block
+    old = os.stat(tmp_path / "limit.json")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    write_limit(staged, 30 * block)
+    os.utime(staged / "limit.json", ns=(old.st_atime_ns, old.st_mtime_ns))
+    shutil.copy2(staged / "limit.json", tmp_path / "limit.json")  # cp -p: in place, old mtime
+    assert os.stat(tmp_path / "limit.json").st_mtime_ns == old.st_mtime_ns
+    side._limit_polled = -1e9
+    side.before_schedule()
+    assert side.limit == 30 * block

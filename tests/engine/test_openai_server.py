@@ -37,6 +37,9 @@ families imply) before comparing tokens.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +106,25 @@ class Served:
     dump: Path | None
 
 
+PLANTED_BYTES = 1 << 50
+"""What nobody's planted ``limit.json`` asks: 1 PiB."""
+PLANT_WAIT_SECONDS = 1.5
+"""How long the client waits after the plant (the engine looks at ``limit.json`` every half
+second while it steps)."""
+
+
+def _plant(dump: Path) -> list[str]:
+    """As ``nobody`` (a real second uid, through ``setpriv``): write a valid limit document
+    of 1 PiB to a temporary file in ``dump`` and rename it to ``limit.json``."""
+    setpriv = shutil.which("setpriv")
+    assert os.geteuid() == 0 and setpriv, "run as root with setpriv (CI does): uid nobody plants"
+    document = json.dumps({"kind": "kvplan-elastic-limit", "version": 1,
+                           "limit_bytes": PLANTED_BYTES, "written_at": 1.0})  # fmt: skip
+    script = 'printf %s "$1" > "$2/.planted" && mv "$2/.planted" "$2/limit.json"'
+    return [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+            "/bin/sh", "-c", script, "sh", document, str(dump)]  # fmt: skip
+
+
 def _serve(
     engine_python: Path,
     model: Path,
@@ -132,6 +154,7 @@ def _serve(
                 "size": NEW_LIMIT,
                 "bytes": NEW_LIMIT_BYTES,
                 "stats_file": str(dump / "rank0.stats.json"),
+                "plant": {"command": _plant(dump), "wait": PLANT_WAIT_SECONDS},
             }
         client = run_client(engine_python, job, work)
         metrics = server.metrics()
@@ -150,20 +173,29 @@ def served(
     engine_python: Path, llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Served]]:
     work = tmp_path_factory.mktemp("serving")
+    # the elastic engine dumps into a sticky directory every user can write (/tmp-style),
+    # reachable by nobody: nobody plants a limit there mid-load (see _plant)
+    shared = Path(tempfile.mkdtemp(prefix="kvplan-served-"))
+    shared.chmod(0o755)
+    dump = shared / "dump-elastic"
+    dump.mkdir()
+    dump.chmod(0o1777)
     elastic_env = kvplan_env(
-        "host-vmm", "elastic", work / "dump-elastic",
-        KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED),
+        "host-vmm", "elastic", dump, KVPLAN_POISON="1", KVPLAN_CACHE_LIMIT=str(RESERVED),
     )  # fmt: skip
     model = llama_checkpoint
     # every elastic step waits 8 ms first: the long request lasts at least 7 s on any machine,
     # so the limit (applied within ~2 s of the command) lands while it runs
     slow = {HOOKS_ENV: f"slow-steps={STEP_DELAY_MS}", "PYTHONPATH": HOOKS_FOLDER}
-    vanilla = _serve(engine_python, model, work, "vanilla", {})
-    elastic = _serve(
-        engine_python, model, work, "elastic", elastic_env, limit=True,
-        options={"worker_cls": WORKER_CLS}, extra_env=slow,
-    )  # fmt: skip
-    yield {"vanilla": vanilla, "elastic": elastic}
+    try:
+        vanilla = _serve(engine_python, model, work, "vanilla", {})
+        elastic = _serve(
+            engine_python, model, work, "elastic", elastic_env, limit=True,
+            options={"worker_cls": WORKER_CLS}, extra_env=slow,
+        )  # fmt: skip
+        yield {"vanilla": vanilla, "elastic": elastic}
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def check_same_as_vanilla(run: ClientRun, vanilla: ClientRun) -> None:
@@ -218,6 +250,26 @@ def test_the_limit_changed_mid_load(served: dict[str, Served]) -> None:
     assert final["reserved_bytes"] == RESERVED and final["num_blocks"] == NUM_BLOCKS
     assert 0 < final["peak_mapped_bytes"] <= NEW_LIMIT_BYTES
     assert final["maps"] > 0 and final["failed_maps"] == 0
+
+
+def test_another_uid_cannot_change_the_limit_through_the_dump_directory(
+    served: dict[str, Served],
+) -> None:
+    """``nobody`` renames a 1 PiB limit document to ``limit.json`` in the engine's sticky
+    dump directory mid-load: the engine refuses it and logs whose it is; the operator's
+    ``kvplan limit`` (above) then still changes the limit."""
+    elastic = served["elastic"]
+    assert elastic.client.limit is not None
+    plant = elastic.client.limit["plant"]
+    assert plant["rc"] == 0 and plant["owner"] == 65534, plant
+    snap = plant["snapshot"]
+    assert snap is not None and snap["limit_bytes"] == RESERVED, snap  # still the default
+    assert snap["asked_limit_bytes"] is None, snap
+    log = elastic.server.log()
+    ignored = [line for line in log.splitlines() if "elastic limit file ignored" in line]
+    assert ignored and "uid 65534 (nobody)" in ignored[0], ignored or log[-3000:]
+    assert f"memory limit now {PLANTED_BYTES} bytes" not in log
+    assert f"limit now {NEW_LIMIT_BYTES} bytes" in log and "of uid 0 (root)" in log
 
 
 def test_sigterm_stops_every_process_and_leaves_the_dumps(served: dict[str, Served]) -> None:

@@ -76,7 +76,8 @@ def _load_plan(path: Path, stats: ElasticStats) -> BindingPlan | Diagnostic:
             "the engine writes rank<N>.plan.json into KVPLAN_DUMP_DIR when it binds",
         )
     try:
-        return load_plan(path, within=path.parent)  # regular files only, never through a link
+        # regular files only, never through a link, this user's or root's
+        return load_plan(path, within=path.parent, own=True)
     except KVPlanError as exc:
         first = exc.diagnostics[0]
         return warning(

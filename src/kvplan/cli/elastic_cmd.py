@@ -33,6 +33,7 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
+from kvplan.elastic import trust
 from kvplan.elastic.files import (
     ElasticStats,
     read_stats_tree,
@@ -69,6 +70,14 @@ def _directory(path: Path, option: str = "DIR") -> Path:
                 "pass the engines' KVPLAN_DUMP_DIR, the directory of the rank<N>.stats.json files",
             )
         )
+    return path
+
+
+def _trusted(path: Path) -> Path:
+    """``DIR`` as :func:`_directory` checks it, and a directory kvplan takes commands from
+    (:func:`kvplan.elastic.trust.check_directory`, the engines' own check: ``KVP428``)."""
+    _directory(path)
+    trust.check_directory(path, trust.DUMP, create=False)
     return path
 
 
@@ -143,7 +152,7 @@ def limit_command(
                 "pass a --cache at most SIZE",
             )
         )
-    _directory(directory)
+    _trusted(directory)
     now = time.time()
     engines = [
         (p, s, engine_status(s, now))
@@ -555,7 +564,7 @@ def top_command(
                 "pass e.g. --interval 1",
             )
         )
-    _directory(directory)
+    _trusted(directory)
     snapshot = read_stats_tree(directory)
     live = not (json_out or once or html is not None)
     if not snapshot and _group_view.is_group(directory):

@@ -33,8 +33,6 @@ TICK_SECONDS = 0.25
 """How often :meth:`GroupMember.tick` looks at the ledger (the engine calls it every step)."""
 HOLD_SECONDS = 1.0
 """A grant that just grew is not shrunk voluntarily for this long (hysteresis in time)."""
-DEBUG_UNLOCKED_ENV = "KVPLAN_DEBUG_GROUP_UNLOCKED"
-"""Test-only negative control: ``1`` makes every read-check-write skip the lock."""
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
 _LEASE = r"^[0-9a-f]{32}$"

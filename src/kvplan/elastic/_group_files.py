@@ -1,6 +1,6 @@
 """The files of a group directory: the ledger (its document is ``_group_doc``), the lock,
 the leases, and how each is opened, read, written and probed, with the owners and modes
-``_group_safety`` checks (``kvplan.elastic.group`` runs the members on them).
+``trust`` checks (``kvplan.elastic.group`` runs the members on them).
 
 No torch, no vLLM. Every descriptor is opened ``O_CLOEXEC`` and without following links."""
 
@@ -21,13 +21,12 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from kvplan.elastic import _group_safety as safety
 from kvplan.elastic import grants
+from kvplan.elastic import trust as safety
 from kvplan.elastic._group_doc import (
     _LEASE,
     _NAME,
     _TEMP_PREFIX,
-    DEBUG_UNLOCKED_ENV,
     HOLD_SECONDS,
     LEASE_SUFFIX,
     LEDGER_FILE,
@@ -61,7 +60,6 @@ from kvplan.schemas.loading import (
 )
 
 __all__ = [  # the document part lives in _group_doc; the group files re-export it
-    "DEBUG_UNLOCKED_ENV",
     "HOLD_SECONDS",
     "LEASE_SUFFIX",
     "LEDGER_FILE",
@@ -193,7 +191,7 @@ def open_regular(
 
 
 def check_directory(directory: Path | str, *, create: bool = False) -> GroupPaths:
-    """The group directory, checked (:mod:`._group_safety`: never a symbolic link, this
+    """The group directory, checked (:mod:`.trust`: never a symbolic link, this
     user's or root's, not writable by others, nor is any directory above it up to a sticky
     one); with ``create``, a missing one is made ``0700``. ``KVP540`` otherwise."""
     if not str(directory).strip():
@@ -268,8 +266,14 @@ def _unreachable(path: object, problem: str, hint: str) -> KVPlanError:
     return fail(Code.GROUP_UNREACHABLE, path, problem, hint)
 
 
+_UNLOCKED = False
+"""The group tests' negative control, set only by a test in its own process (the race test
+then sees the last bytes granted twice): no environment variable or setting of the product
+turns the lock off."""
+
+
 def _unlocked() -> bool:
-    return os.environ.get(DEBUG_UNLOCKED_ENV) == "1"
+    return _UNLOCKED
 
 
 class GroupLock(_Descriptor):
@@ -472,11 +476,7 @@ def write_ledger(paths: GroupPaths, ledger: GroupLedger) -> None:
     """Replace the ledger atomically (``KVP540`` when it cannot be written)."""
     text = ledger.model_dump_json(indent=1) + "\n"
     try:
-        fresh = str(paths.ledger) not in _LAST
-        write_text_atomic(paths.ledger, text)
-        if fresh:  # later writes keep the mode (the one writer keeps a file's mode)
-            with contextlib.suppress(OSError):
-                os.chmod(paths.ledger, safety.FILE_MODE, follow_symlinks=False)
+        write_text_atomic(paths.ledger, text, mode=safety.FILE_MODE, own=True)
         _LAST[str(paths.ledger)] = (text.encode(), ledger)
     except KVPlanError as exc:
         first = exc.diagnostics[0]

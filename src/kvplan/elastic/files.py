@@ -317,7 +317,7 @@ def write_stats(directory: Path, stats: ElasticStats) -> Path:
     rename does) but not the machine's, and must never wait for a disk busy writing back
     (a signal's last snapshot is written this way too)."""
     path = stats_path(directory, stats.rank)
-    write_text_atomic(path, _to_text(stats), within=directory, durable=False)
+    write_text_atomic(path, _to_text(stats), within=directory, durable=False, own=True)
     return path
 
 
@@ -439,7 +439,7 @@ def write_limit(directory: Path, limit_bytes: int, cache_limit_bytes: int | None
             )
         ) from None
     path = limit_path(directory)
-    write_text_atomic(path, _to_text(request), within=directory)
+    write_text_atomic(path, _to_text(request), within=directory, own=True)
     return path
 
 
@@ -474,7 +474,7 @@ def _read(
         return error(code, name, f"the {what} {message}", hint)
 
     try:
-        raw = read_bytes(path, limit=MAX_FILE_BYTES, within=within)
+        raw = read_bytes(path, limit=MAX_FILE_BYTES, within=within, own=True)
         data: Any = parse_text(decode_text(raw, name), name)
     except KVPlanError as exc:
         first = exc.diagnostics[0]

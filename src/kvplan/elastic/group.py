@@ -48,7 +48,6 @@ from kvplan.elastic._group_admin import (
 from kvplan.elastic._group_files import (
     _NAME,
     _RDONLY,
-    DEBUG_UNLOCKED_ENV,
     HOLD_SECONDS,
     LEASE_SUFFIX,
     LEDGER_FILE,
@@ -95,7 +94,6 @@ from kvplan.elastic.grants import GroupState, MemberState, PolicyError
 from kvplan.schemas.errors import Code, show_value
 
 __all__ = [
-    "DEBUG_UNLOCKED_ENV",
     "HOLD_SECONDS",
     "LEASE_SUFFIX",
     "LEDGER_FILE",

@@ -27,6 +27,7 @@ from kvplan.render._geometry import (
     short_kind,
 )
 from kvplan.render._palette import OKABE_ITO, STYLES, style
+from kvplan.schemas.errors import UNSAFE_CHARS
 from kvplan.schemas.plan import Alias, BindingPlan, Pool, View
 from kvplan.units import human_bytes
 
@@ -57,7 +58,7 @@ LABEL_PAD = 3.0
 Place = tuple[float, float, float, int]  # a drawn stripe: x, width, bottom y, row
 
 
-_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(f"[\x00-\x09\x0b-\x1f{UNSAFE_CHARS}]")  # line breaks kept
 
 
 def _visible(match: re.Match[str]) -> str:

@@ -14,17 +14,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import json.decoder
 import math
 import os
 import re
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 
-from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
+from kvplan.schemas.errors import Code, KVPlanError, error, owner_text, printable, show_value
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -89,6 +91,22 @@ def _unreadable(name: str, exc: OSError) -> NoReturn:
         errno.EACCES: "make the file readable (chmod u+r) or run as its owner",
     }.get(exc.errno or 0, "check the path and the file")
     _fail(Code.UNREADABLE, name, f"cannot read the file: {reason}.", hint)
+
+
+def is_trusted_owner(uid: int) -> bool:
+    """Whether a file of ``uid`` may steer this process: its own user's, or root's."""
+    return uid in (os.geteuid(), 0)
+
+
+def refuse_untrusted(name: str, uid: int, what: str = "file") -> NoReturn:
+    """``KVP428``: ``name`` belongs to another user (named), whose file is not obeyed."""
+    _fail(
+        Code.UNTRUSTED,
+        name,
+        f"the {what} is owned by {owner_text(uid)}, not by this user ({owner_text(os.geteuid())}) "
+        "or root; kvplan does not act on another user's file here.",
+        f"remove it (another user planted it), or run kvplan as {owner_text(uid)}",
+    )
 
 
 def _require_regular(mode: int, name: str) -> None:
@@ -182,7 +200,11 @@ def _step(folder: int, part: str, create: bool, name: str) -> int:
 
 
 def read_bytes(
-    path: str | Path, *, limit: int = MAX_DOCUMENT_BYTES, within: str | Path | None = None
+    path: str | Path,
+    *,
+    limit: int = MAX_DOCUMENT_BYTES,
+    within: str | Path | None = None,
+    own: bool = False,
 ) -> bytes:
     """The bytes of a regular file (``-``: standard input), at most ``limit``: the one reader.
 
@@ -193,7 +215,9 @@ def read_bytes(
     read that would wait is ``KVP022`` too. ``within``: a directory kvplan keeps its own
     files in (a golden tree, a dump directory); then ``path`` must lie below it and no
     symbolic link below it is followed, the file's own name included (``KVP023``).
-    ``KVP002`` unreadable, ``KVP014`` larger than ``limit``.
+    ``own``: the file steers this process (a dump directory's ``limit.json``, stats, plans):
+    it must belong to this user or root, checked on the open descriptor (``KVP428`` naming
+    its owner otherwise). ``KVP002`` unreadable, ``KVP014`` larger than ``limit``.
     """
     name = str(path)
     if name == "-" and within is None:
@@ -212,6 +236,8 @@ def read_bytes(
                     "reads regular files only.",
                     "run again once nothing else writes it",
                 )
+            if own and not is_trusted_owner(opened.st_uid):
+                refuse_untrusted(name, opened.st_uid)
             data = _read_fd(fd, limit, name)
         finally:
             os.close(fd)
@@ -323,14 +349,14 @@ def decode_text(data: bytes, name: str) -> str:
     return text
 
 
-def read_data(path: str | Path, *, within: str | Path | None = None) -> Any:
+def read_data(path: str | Path, *, within: str | Path | None = None, own: bool = False) -> Any:
     """Parse a JSON or YAML file (``-`` reads stdin) within the reading limits.
 
     KVP002 unreadable, KVP001 malformed, KVP009-KVP015 over a limit, KVP022 not a regular
     file, KVP023 a link below ``within`` (see :func:`read_bytes` and docs/formats.md).
     """
     name = str(path)
-    return parse_text(decode_text(read_bytes(path, within=within), name), name)
+    return parse_text(decode_text(read_bytes(path, within=within, own=own), name), name)
 
 
 def parse_text(text: str, name: str = "<text>") -> Any:
@@ -348,9 +374,17 @@ def parse_text(text: str, name: str = "<text>") -> Any:
     return _parse_yaml(text, name)
 
 
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+"""The standard library's JSON string scanner (C): ``(decoded, index after the closing quote)``
+from the index after the opening quote."""
+
 _JSON_TOKEN = re.compile(
-    r'"(?:[^"\\]|\\.)*"|[{}\[\],:]|-?(?:[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|-?Infinity'
+    r'"|[{}\[\],:]|-?(?:[0-9]+)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|NaN|-?Infinity'
 )
+"""A string's opening quote, punctuation, a number: what :func:`_scan_json` looks at. A
+string's body is left to :func:`json.decoder.scanstring` (C): a regular expression that
+matched the body (``"(?:[^"\\]|\\.)*"``) kept backtracking state for every character, about
+120 bytes each, so one long string cost a hundred times its size."""
 
 
 def _check_number(token: str, text: str, offset: int, name: str) -> None:
@@ -392,10 +426,31 @@ def _scan_json(text: str, name: str) -> None:
     stack: list[set[str] | None] = []  # a set of keys per open object, None per open list
     expect_key = False
     values = 0
-    for match in _JSON_TOKEN.finditer(text):
+    pos = 0
+    while (match := _JSON_TOKEN.search(text, pos)) is not None:
         token = match.group()
         first = token[0]
-        if first in "{[":
+        pos = match.end()
+        if first == '"':
+            try:  # the string's body, decoded in C: memory is the string itself
+                key, pos = _scanstring(text, pos, True)
+            except ValueError:
+                return
+            values += 1
+            if expect_key and stack and stack[-1] is not None:
+                keys = stack[-1]
+                if key in keys:
+                    _fail(
+                        Code.DUPLICATE_KEY,
+                        name,
+                        f"duplicate key {show_value(key)} at {_position(text, match.start())}.",
+                        "keep one of the two entries",
+                    )
+                keys.add(key)
+                values -= 1  # a key is not a value
+                expect_key = False
+            del key
+        elif first in "{[":
             values += 1
             if len(stack) >= MAX_DEPTH:
                 _fail(
@@ -415,25 +470,9 @@ def _scan_json(text: str, name: str) -> None:
             expect_key = bool(stack) and stack[-1] is not None
         elif first == ":":
             expect_key = False
-        elif first == '"' and expect_key and stack and stack[-1] is not None:
-            keys = stack[-1]
-            try:
-                key = json.loads(token)
-            except ValueError:
-                return
-            if key in keys:
-                _fail(
-                    Code.DUPLICATE_KEY,
-                    name,
-                    f"duplicate key {show_value(key)} at {_position(text, match.start())}.",
-                    "keep one of the two entries",
-                )
-            keys.add(key)
-            expect_key = False
         else:
             values += 1
-            if first != '"':
-                _check_number(token, text, match.start(), name)
+            _check_number(token, text, match.start(), name)
         if values > MAX_VALUES:
             _too_many(name)
 

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvplan.schemas._reading import file_kind, open_below
+from kvplan.schemas._reading import file_kind, is_trusted_owner, open_below, owner_text
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -102,9 +102,18 @@ def _open_parent(path: Path, within: str | Path | None, make_dirs: bool) -> tupl
     return folder, path.name
 
 
-def _existing_mode(folder: int, leaf: str, name: str) -> int | None:
-    """The mode to give the new file: the old file's (``None``: there is none). Refuses
-    what may not be replaced: a link, a directory, a special file, a read-only file."""
+FILE_MODE = 0o644
+"""The mode of a file kvplan writes (less under a umask), whatever stood there before: the
+replaced file's mode is never carried over (another user's planted ``0666`` or set-id file
+would otherwise come back as this user's)."""
+_ALLOWED_BITS = 0o666
+"""Never a set-id, sticky or execute bit, whatever a caller asks."""
+
+
+def _existing_mode(folder: int, leaf: str, name: str, own: bool = False) -> int | None:
+    """The old file's mode (``None``: there is none). Refuses what may not be replaced: a
+    link, a directory, a special file, a read-only file (naming its owner), and with ``own``
+    another user's file (``KVP428``: a planted file is named, not obeyed)."""
     try:
         info = os.stat(leaf, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
@@ -135,13 +144,22 @@ def _existing_mode(folder: int, leaf: str, name: str) -> int | None:
             f"is {file_kind(mode)}; kvplan replaces regular files only.",
             _STDOUT_HINT,
         )
+    if own and not is_trusted_owner(info.st_uid):
+        raise _refuse(
+            Code.UNTRUSTED,
+            name,
+            f"the file in the way is owned by {owner_text(info.st_uid)}, not by this user "
+            f"({owner_text(os.geteuid())}) or root: another user planted it, and kvplan "
+            "neither obeys nor overwrites it.",
+            "remove it (and find out who could write into the directory), then run again",
+        )
     if not mode & 0o222 or not os.access(leaf, os.W_OK, dir_fd=folder):
         # read-only by its mode bits: refused even for root, who could write it
         raise _refuse(
             Code.OUTPUT_FAILED,
             name,
-            "the file is read-only.",
-            "make it writable (chmod u+w) or write elsewhere",
+            f"the file is read-only (owned by {owner_text(info.st_uid)}).",
+            "make it writable (chmod u+w) or remove it, or write elsewhere",
         )
     return mode & 0o7777
 
@@ -151,8 +169,9 @@ def _target(
     inputs: Sequence[str | Path],
     within: str | Path | None,
     make_dirs: bool,
+    own: bool = False,
 ) -> tuple[int, str, int | None]:
-    """Every check of :func:`write_text_atomic`: ``(directory descriptor, name, mode)``."""
+    """Every check of :func:`write_text_atomic`: ``(directory descriptor, name, old mode)``."""
     name = str(path)
     if name == "-":
         raise _refuse(
@@ -167,7 +186,7 @@ def _target(
         raise _refuse(Code.OUTPUT_FAILED, name, "is a directory.", "name a file to write")
     folder, leaf = _open_parent(target, within, make_dirs)
     try:
-        return folder, leaf, _existing_mode(folder, leaf, name)
+        return folder, leaf, _existing_mode(folder, leaf, name, own)
     except BaseException:
         os.close(folder)
         raise
@@ -207,6 +226,8 @@ def write_text_atomic(
     within: str | Path | None = None,
     make_dirs: bool = False,
     durable: bool = True,
+    mode: int = FILE_MODE,
+    own: bool = False,
 ) -> None:
     """Replace ``path`` with ``text`` all at once: readers see the old file or the new one.
 
@@ -220,9 +241,15 @@ def write_text_atomic(
     directory or through a link below it (``KVP023``); a directory, a missing directory
     (unless ``make_dirs``), a read-only file (``KVP016``). On a failed write (a full disk)
     the previous file is left intact, the temporary file removed, and ``KVP016`` raised.
+
+    The new file gets ``mode`` (by its role: ``0644`` by default, ``0600`` for a private
+    file; less under the umask; never a set-id, sticky or execute bit), not the mode of the
+    file it replaces. ``own``: the file steers an engine (stats, ``limit.json``, the plugin's
+    dumps): another user's file in its place is refused (``KVP428``, naming the owner).
     """
     name = str(path)
-    folder, leaf, mode = _target(path, inputs, within, make_dirs)
+    folder, leaf, _ = _target(path, inputs, within, make_dirs, own)
+    wanted = mode & _ALLOWED_BITS & ~_umask()
     data = text.encode("utf-8")
     tmp = ""
     try:
@@ -241,7 +268,7 @@ def write_text_atomic(
             handle.flush()
             if durable:
                 os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), mode if mode is not None else 0o666 & ~_umask())
+            os.fchmod(handle.fileno(), wanted)
         os.replace(tmp, leaf, src_dir_fd=folder, dst_dir_fd=folder)
         tmp = ""
         if durable:

@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from kvplan.schemas.errors import UNSAFE_CHARS
+
 Document = BaseModel | Mapping[str, Any]
 """What the canonical writers take: a model, or JSON-ready data made of models' data (such as
 ``kvplan inspect``'s ``{"input": ..., "plan": ...}`` bundle)."""
@@ -53,7 +55,7 @@ def _format(value: Any, indent: int) -> str:
 
 # What json.dumps(ensure_ascii=False) leaves raw but a terminal acts on: DEL, C1 controls,
 # bidirectional overrides. They occur only inside strings, so escaping them keeps valid JSON.
-_TERMINAL_ACTIVE = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_TERMINAL_ACTIVE = re.compile(f"[{UNSAFE_CHARS}]")  # json.dumps escapes C0 itself
 
 
 def escape_json_text(text: str) -> str:

@@ -15,9 +15,14 @@ MAX_MESSAGE_CHARS = 480
 MAX_REPR_CHARS = 60
 """Longest rendering of one user-supplied value inside a message (:func:`show_value`)."""
 
-# C0/C1 control characters, DEL, and the bidirectional overrides that reorder what a terminal
-# shows: never written raw to a terminal from a document.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0/C1 control characters, DEL, the bidirectional overrides that reorder what a terminal
+# shows, and lone surrogates (the bytes of a file name that is not UTF-8, as Python decodes
+# it): never written raw to a terminal, a log or a page from a document or a file name.
+UNSAFE_CHARS = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+"""The one set (a regular-expression class body) escaped wherever kvplan prints text it did
+not write -- terminal, log, JSON (:func:`kvplan.schemas.canonical.escape_json_text`), HTML
+(``kvplan.render``) -- besides the C0 controls each of them escapes its own way."""
+_UNPRINTABLE = re.compile(f"[\x00-\x1f{UNSAFE_CHARS}]")
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -27,10 +32,12 @@ def _escape_char(match: re.Match[str]) -> str:
 
 def printable(text: str, limit: int | None = None) -> str:
     """``text`` safe for a terminal: control characters escaped (``\\x1b``), and, with
-    ``limit``, cut in the middle to at most ``limit`` characters.
+    ``limit``, cut in the middle to at most ``limit`` characters. The result is always valid
+    UTF-8 (a non-UTF-8 byte of a file name, a lone surrogate in Python, becomes ``\\udcXX``).
 
-    The one filter every document-supplied text goes through before it reaches a terminal:
-    diagnostics (all fields), ``show`` tables and ``diff`` text. Rich markup is never applied
+    The one filter every document-supplied text goes through before it reaches a terminal or
+    a log: diagnostics (all fields), ``show`` tables, ``diff`` text, what the ``/metrics``
+    collector logs of a file. Rich markup is never applied
     to such text (it is printed as :class:`rich.text.Text` or with ``markup=False``).
     """
     text = _UNPRINTABLE.sub(_escape_char, text)
@@ -38,6 +45,16 @@ def printable(text: str, limit: int | None = None) -> str:
         keep = max(limit - 5, 2)
         text = f"{text[: keep - keep // 3]} ... {text[len(text) - keep // 3 :]}"
     return text
+
+
+def owner_text(uid: int) -> str:
+    """Who ``uid`` is, for a message: ``uid 65534 (nobody)``, or ``uid 1234`` without a name."""
+    try:
+        import pwd
+
+        return f"uid {uid} ({printable(pwd.getpwuid(uid).pw_name, 64)})"
+    except (KeyError, ImportError, OverflowError):
+        return f"uid {uid}"
 
 
 def show_value(value: Any, limit: int = MAX_REPR_CHARS) -> str:
@@ -160,6 +177,7 @@ class Code(StrEnum):
     DIRECTORY_MISSING = "KVP419"
     STATS_PLAN_MISMATCH = "KVP426"
     LIMIT_BELOW_FLOOR = "KVP427"
+    UNTRUSTED = "KVP428"
     INTEGRATION = "KVP501"
     RANK_UNKNOWN = "KVP502"
     REVIEWED_PLAN_DIFFERS = "KVP503"

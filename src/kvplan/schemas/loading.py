@@ -23,7 +23,9 @@ from kvplan.schemas._reading import (
     YAML_SUFFIXES,
     decode_text,
     file_kind,
+    is_trusted_owner,
     open_below,
+    owner_text,
     parse_text,
     read_bytes,
     read_data,
@@ -58,10 +60,12 @@ __all__ = [
     "dumps",
     "file_kind",
     "is_bundle",
+    "is_trusted_owner",
     "load_any",
     "load_input",
     "load_plan",
     "open_below",
+    "owner_text",
     "parse_any",
     "parse_input",
     "parse_plan",
@@ -171,9 +175,12 @@ def load_input(path: str | Path, *, within: str | Path | None = None) -> InputDo
     return parse_input(read_data(path, within=within), str(path))
 
 
-def load_plan(path: str | Path, *, within: str | Path | None = None) -> BindingPlan:
-    """Read a ``kvplan.plan/1`` document from JSON or YAML (``within``: see ``read_bytes``)."""
-    return parse_plan(read_data(path, within=within), str(path))
+def load_plan(
+    path: str | Path, *, within: str | Path | None = None, own: bool = False
+) -> BindingPlan:
+    """Read a ``kvplan.plan/1`` document from JSON or YAML (``within``, ``own``: see
+    ``read_bytes``)."""
+    return parse_plan(read_data(path, within=within, own=own), str(path))
 
 
 def load_any(path: str | Path) -> InputDocument | LegacyInputDocument | BindingPlan:
@@ -192,8 +199,9 @@ def dump(
     inputs: Sequence[str | Path] = (),
     within: str | Path | None = None,
     make_dirs: bool = False,
+    own: bool = False,
 ) -> None:
     """Write ``obj`` canonically (YAML for .yaml/.yml, JSON otherwise), atomically, through
-    the one writer (:func:`write_text_atomic`, with its refusals)."""
+    the one writer (:func:`write_text_atomic`, with its refusals; ``own`` there)."""
     text = dumps(obj, yaml_format=str(path).endswith(YAML_SUFFIXES))
-    write_text_atomic(path, text, inputs=inputs, within=within, make_dirs=make_dirs)
+    write_text_atomic(path, text, inputs=inputs, within=within, make_dirs=make_dirs, own=own)

@@ -10,6 +10,7 @@ _ops.ElasticOps`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -25,7 +26,8 @@ from kvplan.integrations.vllm.elastic._settings import (
     busy_reserve,
     default_limits,
 )
-from kvplan.schemas.errors import Diagnostic, KVPlanError
+from kvplan.schemas.errors import Diagnostic, KVPlanError, printable
+from kvplan.schemas.loading import owner_text
 
 if TYPE_CHECKING:
     from kvplan.elastic.admission import AdmissionIndex
@@ -103,7 +105,7 @@ class SchedulerSide(MappingAhead):
         self.seq = 0
         self.dirty = True
         self.cached_blocks = 0
-        self._limit_stamp: float | None = None
+        self._limit_stamp: tuple[int, ...] | None = None
         self._limit_polled = 0.0
         self._last_sent: tuple[int | None, ...] | None = None
         self._warned_over = False
@@ -480,17 +482,23 @@ class SchedulerSide(MappingAhead):
             self.dirty = True
 
     # -- between steps --------------------------------------------------------------------
-    def _limit_file_stamp(self) -> float | None:
+    def _limit_file_stamp(self) -> tuple[int, ...] | None:
+        """``limit.json``'s device, inode, size, owner, mode and modification and change
+        times (one ``lstat``): a rename over it changes the inode, a write in place the size
+        or the change time, which no one can set back (``cp -p`` and ``rsync -t`` restore the
+        modification time only)."""
         from kvplan.elastic.files import LIMIT_FILE
 
         assert self.dump_dir is not None
         try:
-            return (self.dump_dir / LIMIT_FILE).stat().st_mtime
+            st = os.lstat(self.dump_dir / LIMIT_FILE)
         except OSError:
             return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_uid, st.st_mode,
+                st.st_mtime_ns, st.st_ctime_ns)  # fmt: skip
 
     def limit_file_changed(self) -> bool:
-        """Whether ``limit.json`` changed since it was last read (one ``stat``)."""
+        """Whether ``limit.json`` changed since it was last read (one ``lstat``)."""
         if self.dump_dir is None:
             return False
         stamp = self._limit_file_stamp()
@@ -516,7 +524,7 @@ class SchedulerSide(MappingAhead):
         found = read_limit(self.dump_dir)
         if found is None:
             return
-        if isinstance(found, Diagnostic):
+        if isinstance(found, Diagnostic):  # another user's file among them, named
             logger.warning("kvplan: elastic limit file ignored: %s", found.render())
             return
         if found.limit_bytes < self.floor:
@@ -533,8 +541,9 @@ class SchedulerSide(MappingAhead):
         self.dirty = True
         self._warned_over = False
         logger.info(
-            "kvplan: elastic memory limit now %d bytes (cache limit %d)",
-            self.limit, self.cache_limit,
+            "kvplan: elastic memory limit now %d bytes (cache limit %d), from %s of %s",
+            self.limit, self.cache_limit, printable(str(self.dump_dir / "limit.json")),
+            owner_text(stamp[3]),
         )  # fmt: skip
 
     def before_schedule(self, scheduler: Any = None, *, force_tick: bool = False) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,14 +19,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvplan.elastic.files import MAX_FILE_BYTES
 from kvplan.integrations.vllm.metrics._catalog import METRICS, STATUSES, Metric, metric
+from kvplan.schemas.errors import printable
 
 logger = logging.getLogger("vllm.kvplan")
 
-_PLAN_NAME = re.compile(r"rank([0-9]{1,9})\.plan\.json")
+_STATS_NAME = re.compile(r"rank(0|[1-9][0-9]{0,8})\.stats\.json")
+_PLAN_NAME = re.compile(r"rank(0|[1-9][0-9]{0,8})\.plan\.json")
+"""A rank's files, the rank written as the writers write it (no leading zero: one name per
+rank). The name is where a file's rank is taken from; a stats document that says another
+rank is refused."""
 PLAN_SLACK_SECONDS = 1.0
 """A stats snapshot older than its rank's plan by more than this is from an earlier run (the
 plan is dumped at bind, the first snapshot right after): that rank is shown from its plan."""
+MAX_ENTRIES = 4096
+"""Most entries of a dump directory looked at per scrape (rank 0's files are looked up by
+name besides, so no number of other entries hides them)."""
+MAX_RANKS = 1024
+"""Most ``rank`` label values per engine, stats files and plans together: the lowest ranks."""
+MAX_PLAN_BYTES = 1 << 20
+"""Largest plan file read (1 MiB; a real plan is tens of KiB): a larger one is named once in
+the log and not read again while it is unchanged."""
+SCRAPE_BYTES = 4 << 20
+"""Bytes of files read per scrape, every engine together. Files unchanged since the scrape
+that read them cost nothing (their figures, or their failure, are kept by file stamp); past
+the budget the rest wait for the next scrape, lowest ranks first."""
+SCRAPE_FILES = 128
+"""Files read per scrape, every engine together (unchanged ones are not read: see
+:data:`SCRAPE_BYTES`)."""
+MAX_WARNINGS = 4096
+"""Distinct problems logged per process; past it one line says the rest are not."""
 
 
 @dataclass(frozen=True)
@@ -46,19 +70,30 @@ class Sample:
     value: Any
 
 
+Stamp = tuple[int, int, int, int]
+
+
 @dataclass
-class _PlanCache:
-    stamp: tuple[int, int, int]
-    reserved: int
+class _Cached:
+    """What a file said at one stamp: a stats snapshot, a plan's reserved bytes, or
+    ``None`` (it could not be used: said once, not read again until it changes)."""
+
+    stamp: Stamp
+    value: Any
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass
 class Reader:
-    """Reads the dump directories of its sources; keeps what it parsed of plans (by file
-    stamp) and says once per file what it could not read."""
+    """Reads the dump directories of its sources, within bounds per scrape (entries looked
+    at, rank label values, bytes read); keeps what it read of each file by file stamp,
+    failures included, and says once per file what it could not use."""
 
     sources: list[EngineSource] = field(default_factory=list)
-    _plans: dict[Path, _PlanCache] = field(default_factory=dict)
+    _files: dict[Path, dict[str, _Cached]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,32 +108,51 @@ class Reader:
     def samples(self, now: float | None = None) -> list[Sample]:
         with self._lock:
             sources = list(self.sources)
-        when = time.time() if now is None else now
-        out: list[Sample] = []
-        for source in sources:
-            out.extend(self._engine(source, when))
-        return out
+            when = time.time() if now is None else now
+            budget = [SCRAPE_BYTES, SCRAPE_FILES]
+            out: list[Sample] = []
+            for source in sources:
+                out.extend(self._engine(source, when, budget))
+            return out
 
     def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning("kvplan metrics: %s", message)
+        """Log ``message`` once per ``key``, through the one escaping rule (a file's text
+        never reaches the log raw: no ESC sequence, no forged line)."""
+        if key in self._warned:
+            return
+        if len(self._warned) >= MAX_WARNINGS:
+            key, message = "\0full", "more problems than this are not logged"
+            if key in self._warned:
+                return
+        self._warned.add(key)
+        logger.warning("kvplan metrics: %s", printable(message, 600))
 
     # -- one engine ---------------------------------------------------------------------------
-    def _engine(self, source: EngineSource, now: float) -> Iterator[Sample]:
-        from kvplan.elastic.files import ElasticStats, read_stats_tree
-
-        if not source.dump_dir.is_dir():
+    def _engine(self, source: EngineSource, now: float, budget: list[int]) -> Iterator[Sample]:
+        directory = source.dump_dir
+        listing = self._list(directory)
+        if listing is None:
             return
-        stats: dict[int, ElasticStats] = {}
-        for path, item in read_stats_tree(source.dump_dir):
-            if path.parent != source.dump_dir:
-                continue
-            if isinstance(item, ElasticStats):
-                stats[item.rank] = item
-            else:
-                self._warn(str(path), item.render())
-        plans = self._plans_of(source.dump_dir)
+        old = self._files.get(directory, {})
+        kept: dict[str, _Cached] = {}
+        self._files[directory] = kept
+        stats: dict[int, Any] = {}
+        plans: dict[int, tuple[float, int]] = {}
+        for rank in sorted(listing)[:MAX_RANKS]:
+            for name, st in listing[rank]:
+                value = self._read(directory, name, st, rank, old, kept, budget)
+                if value is None:
+                    continue
+                if name.endswith(".plan.json"):
+                    plans[rank] = (st.st_mtime, value)
+                else:
+                    stats[rank] = value
+        if len(listing) > MAX_RANKS:
+            self._warn(
+                f"ranks:{directory}",
+                f"{directory} holds files of {len(listing)} ranks; the series of the "
+                f"lowest {MAX_RANKS} are shown",
+            )
         group_done = False
         for rank in sorted(set(stats) | set(plans)):
             labels = (source.model_name, source.engine, str(rank))
@@ -113,37 +167,82 @@ class Reader:
                 group_done = True  # one member stands for all its ranks
                 yield from self._group(source, snap.group, snap.group_member)
 
-    def _plans_of(self, directory: Path) -> dict[int, tuple[float, int]]:
-        """``{rank: (plan file mtime, reserved bytes)}`` of ``rank<N>.plan.json`` files."""
-        from kvplan.schemas.errors import KVPlanError
-        from kvplan.schemas.loading import load_plan
+    def _list(self, directory: Path) -> dict[int, list[tuple[str, os.stat_result]]] | None:
+        """``{rank: [(file name, lstat)]}`` of the directory's own regular stats and plan
+        files (no subdirectory), at most :data:`MAX_ENTRIES` entries looked at, rank 0's
+        looked up by name besides; ``None`` when the directory cannot be listed."""
+        found: dict[int, list[tuple[str, os.stat_result]]] = {}
+        seen: set[str] = set()
 
-        found: dict[int, tuple[float, int]] = {}
+        def note(name: str, st: os.stat_result | None) -> None:
+            match = _STATS_NAME.fullmatch(name) or _PLAN_NAME.fullmatch(name)
+            if match is None or name in seen or st is None or not stat.S_ISREG(st.st_mode):
+                return
+            seen.add(name)
+            found.setdefault(int(match.group(1)), []).append((name, st))
+
+        for name in ("rank0.stats.json", "rank0.plan.json"):
+            note(name, _lstat(directory / name))
         try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return found
-        for entry in entries[:4096]:
-            match = _PLAN_NAME.fullmatch(entry.name)
-            if match is None or not entry.is_file(follow_symlinks=False):
-                continue
-            path = Path(entry.path)
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-            cached = self._plans.get(path)
-            if cached is None or cached.stamp != stamp:
-                try:
-                    plan = load_plan(path, within=directory)
-                except (KVPlanError, OSError) as exc:
-                    self._warn(str(path), f"{path}: {exc}")
-                    continue
-                cached = _PlanCache(stamp, sum(p.size_bytes for p in plan.pools))
-                self._plans[path] = cached
-            found[int(match.group(1))] = (st.st_mtime, cached.reserved)
+            with os.scandir(directory) as entries:
+                for i, entry in enumerate(entries):
+                    if i >= MAX_ENTRIES:
+                        self._warn(
+                            f"entries:{directory}",
+                            f"{directory} holds more than {MAX_ENTRIES} entries; only the "
+                            "first are looked at (rank 0's files always)",
+                        )
+                        break
+                    if entry.name not in seen and (
+                        _STATS_NAME.fullmatch(entry.name) or _PLAN_NAME.fullmatch(entry.name)
+                    ):
+                        note(entry.name, _lstat(Path(entry.path)))
+        except (OSError, ValueError):
+            return found or None
         return found
+
+    def _read(
+        self,
+        directory: Path,
+        name: str,
+        st: os.stat_result,
+        rank: int,
+        old: dict[str, _Cached],
+        kept: dict[str, _Cached],
+        budget: list[int],
+    ) -> Any:
+        """The file's stats snapshot or plan's reserved bytes (``None``: unusable, or left
+        for a later scrape past the byte budget)."""
+        stamp = _stamp(st)
+        cached = old.get(name)
+        if cached is not None and cached.stamp == stamp:
+            kept[name] = cached
+            return cached.value
+        path = directory / name
+        plan = name.endswith(".plan.json")
+        largest = MAX_PLAN_BYTES if plan else MAX_FILE_BYTES
+        if st.st_size > largest:  # refused by its size alone: not read
+            self._warn(str(path), f"{path}: larger than {largest} bytes, not read")
+            kept[name] = _Cached(stamp, None)
+            return None
+        if st.st_size > budget[0] or budget[1] <= 0:
+            if cached is not None:  # what it said before, until a scrape has the bytes
+                kept[name] = cached
+            self._warn(
+                f"budget:{directory}",
+                f"{directory}: more than {SCRAPE_BYTES} bytes or {SCRAPE_FILES} files changed "
+                "since the last scrape; the rest are read at the next scrapes",
+            )
+            return None if cached is None else cached.value
+        budget[0] -= st.st_size
+        budget[1] -= 1
+        value, problem = (
+            _plan_reserved(path, directory) if plan else _stats_of(path, directory, rank)
+        )
+        if problem is not None:
+            self._warn(str(path), problem)
+        kept[name] = _Cached(stamp, value)
+        return value
 
     def _group(self, source: EngineSource, directory: str, member: str) -> Iterator[Sample]:
         from kvplan.elastic.group import read_snapshot
@@ -170,6 +269,45 @@ class Reader:
             ("effective_limit", mine.effective_limit_bytes),
         ):
             yield Sample(metric(f"kvplan_group_{name}_bytes"), labels, value)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _stats_of(path: Path, directory: Path, rank: int) -> tuple[Any, str | None]:
+    """``(snapshot, None)`` or ``(None, why not)``: the file as the one reader reads it (this
+    user's or root's, no link), saying the rank its name says."""
+    from kvplan.elastic.files import ElasticStats, read_stats
+
+    item = read_stats(path, within=directory)
+    if not isinstance(item, ElasticStats):
+        return None, item.render()
+    if item.rank != rank:
+        return None, (
+            f"{path} says rank {item.rank} but is named for rank {rank}; a rank's figures come "
+            "from its own file only"
+        )
+    return item, None
+
+
+def _plan_reserved(path: Path, directory: Path) -> tuple[Any, str | None]:
+    """``(reserved bytes, None)`` or ``(None, why not)`` of one plan file."""
+    from kvplan.schemas.errors import KVPlanError
+    from kvplan.schemas.loading import decode_text, parse_plan, parse_text, read_bytes
+
+    name = str(path)
+    try:
+        raw = read_bytes(path, limit=MAX_PLAN_BYTES, within=directory, own=True)
+        plan = parse_plan(parse_text(decode_text(raw, name), name), name)
+    except KVPlanError as exc:
+        return None, exc.diagnostics[0].render()
+    except OSError as exc:
+        return None, f"{path}: {exc}"
+    return sum(p.size_bytes for p in plan.pools), None
 
 
 _GAUGE_FIELDS = (

@@ -68,7 +68,7 @@ def check_reviewed(plan: BindingPlan, plan_dir: Path, model: str | None, label: 
     from kvplan.schemas.loading import load_plan
 
     path = reviewed_plan_path(plan_dir, model, label)
-    reviewed = load_plan(path)
+    reviewed = load_plan(path, own=True)  # a reviewed plan steers the bind: ours or root's
     diff = diff_plans(reviewed, plan)
     meaningful = PlanDiff([c for c in diff.changes if c.section != "input"])
     if not meaningful.same:

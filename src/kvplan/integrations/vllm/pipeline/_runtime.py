@@ -235,7 +235,7 @@ def dump_step(
         items.append((plan, directory / f"{stem}.plan.json"))
     for obj, path in items:
         try:
-            dump(obj, path, within=directory, make_dirs=True)
+            dump(obj, path, within=directory, make_dirs=True, own=True)
         except OSError as exc:
             raise refusals.dump_unwritable(path, exc) from None
 

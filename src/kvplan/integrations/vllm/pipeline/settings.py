@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvplan.schemas.errors import Code, Diagnostic, error
+from kvplan.schemas.errors import Code, Diagnostic, error, printable
 
 ENV_ENABLE = "KVPLAN_ENABLE"
 ENV_BACKEND = "KVPLAN_BACKEND"
@@ -161,26 +161,29 @@ def directory_setting(env: Mapping[str, str], name: str, problems: list[Diagnost
 
 
 def prepare_dump_dir(path: Path) -> Diagnostic | None:
-    """Create ``path`` if needed and prove that kvplan can write files in it (a probe file is
-    created and removed: ``/proc`` or a read-only mount passes ``os.access`` as root but
-    takes no file); a ``KVP501`` error otherwise."""
+    """Create ``path`` if needed (``0700`` whatever the umask), check that kvplan may take
+    commands from it (:func:`kvplan.elastic.trust.check_directory`: not a link, this user's
+    or root's, not writable by others unless sticky; ``KVP428`` naming the owner otherwise),
+    and prove that kvplan can write files in it (a probe file is created and removed:
+    ``/proc`` or a read-only mount passes ``os.access`` as root but takes no file); a
+    ``KVP501`` error otherwise."""
     import tempfile
+
+    from kvplan.elastic import trust
+    from kvplan.schemas.errors import KVPlanError
 
     def refused(why: str) -> Diagnostic:
         return error(
             Code.INTEGRATION,
             ENV_DUMP_DIR,
-            f"the dump directory {str(path)!r} {why}.",
+            f"the dump directory {printable(str(path))!r} {why}.",
             f"point {ENV_DUMP_DIR} at a writable directory, or unset it",
         )
 
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (OSError, ValueError) as exc:
-        strerror = getattr(exc, "strerror", None)
-        return refused(f"cannot be created ({strerror or exc})")
-    if not _is_dir(path):
-        return refused("is not a directory")
+        trust.check_directory(path, trust.DUMP, create=True)
+    except KVPlanError as exc:
+        return exc.diagnostics[0]
     try:
         fd, probe = tempfile.mkstemp(prefix=".kvplan-probe-", dir=path)
     except OSError as exc:
@@ -190,4 +193,17 @@ def prepare_dump_dir(path: Path) -> Diagnostic | None:
         os.unlink(probe)
     except OSError as exc:
         return refused(f"keeps files it cannot remove ({exc.strerror or exc})")
+    return None
+
+
+def check_plan_dir(path: Path) -> Diagnostic | None:
+    """``KVP428`` unless kvplan may take reviewed plans from ``path`` (as the dump
+    directory: :func:`kvplan.elastic.trust.check_directory`, never created)."""
+    from kvplan.elastic import trust
+    from kvplan.schemas.errors import KVPlanError
+
+    try:
+        trust.check_directory(path, trust.PLANS, create=False)
+    except KVPlanError as exc:
+        return exc.diagnostics[0]
     return None

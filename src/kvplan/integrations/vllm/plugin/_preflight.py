@@ -22,6 +22,7 @@ from kvplan.integrations.vllm.pipeline import refusals as refusals
 from kvplan.integrations.vllm.pipeline.settings import (
     ENV_PLAN_DIR,
     Settings,
+    check_plan_dir,
     prepare_dump_dir,
     read_settings,
 )
@@ -73,7 +74,12 @@ def read_mode(env: Mapping[str, str]) -> tuple[Settings, Mode, list[Diagnostic]]
     if settings.mode != "elastic":
         problems.extend(read_elastic_settings(env)[1])
     if settings.plan_dir is not None and not any(p.location == ENV_PLAN_DIR for p in problems):
-        problems.extend(_plan_dir_problems(settings.plan_dir, env.get(ENV_PLAN_DIR, "")))
+        untrusted = check_plan_dir(settings.plan_dir)
+        problems.extend(
+            [untrusted]
+            if untrusted is not None
+            else _plan_dir_problems(settings.plan_dir, env.get(ENV_PLAN_DIR, ""))
+        )
     return settings, mode, problems
 
 
