@@ -22,9 +22,9 @@ Checks:
 
 * ``environment``: versions, device, granularity, free memory.
 * ``kernels``: vLLM 0.33's golden gemma-4-E2B plan (``tests/data/golden-vllm-0.33``),
-  re-planned from its golden input at fewer blocks (3 GiB on a GPU), bound elastic (``unbacked="scratch"``) and,
-  side by side, by the ``torch`` backend (eager). A seeded random sequence of steps releases
-  finished "requests" (runs of blocks) and maps new ones; through the bound per-layer views
+  re-planned from its golden input at fewer blocks (3 GiB on a GPU), bound elastic
+  (``unbacked="scratch"``) and, side by side, by the ``torch`` backend (eager). A seeded random
+  sequence of steps releases finished "requests" (runs of blocks) and maps new ones; through the bound per-layer views
   ``[blocks, kv_heads, block_size, 2*head]`` it writes random K|V with ``index_copy_`` at the
   new block ids (each block belongs to one KV cache group, as in vLLM), gathers every live
   block back with ``index_select`` and runs ``scaled_dot_product_attention`` over the gathered
