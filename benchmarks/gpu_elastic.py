@@ -24,15 +24,15 @@ Checks:
 * ``kernels``: vLLM 0.33's golden gemma-4-E2B plan (``tests/data/golden-vllm-0.33``),
   re-planned from its golden input at fewer blocks (3 GiB on a GPU), bound elastic
   (``unbacked="scratch"``) and, side by side, by the ``torch`` backend (eager). A seeded random
-  sequence of steps releases finished "requests" (runs of blocks) and maps new ones; through the bound per-layer views
-  ``[blocks, kv_heads, block_size, 2*head]`` it writes random K|V with ``index_copy_`` at the
-  new block ids (each block belongs to one KV cache group, as in vLLM), gathers every live
-  block back with ``index_select`` and runs ``scaled_dot_product_attention`` over the gathered
-  K/V. Asserts: every live block equals the torch binding after every step (data survive the
-  other blocks' unmaps), sdpa outputs are bit-equal, a block whose chunks were all unmapped
-  reads zeros (scratch) and reads zeros again once remapped, never-mapped blocks read zeros,
-  ``ensure_mapped`` returns the bytes the page index predicts, and on a GPU each map/unmap
-  moves ``cuMemGetInfo`` by its bytes.
+  sequence of steps releases finished "requests" (runs of blocks) and maps new ones; through
+  the bound per-layer views ``[blocks, kv_heads, block_size, 2*head]`` it writes random K|V
+  with ``index_copy_`` at the new block ids (each block belongs to one KV cache group, as in
+  vLLM), gathers every live block back with ``index_select`` and runs
+  ``scaled_dot_product_attention`` over the gathered K/V. Asserts: every live block equals the
+  torch binding after every step (data survive the other blocks' unmaps), sdpa outputs are
+  bit-equal, a block whose chunks were all unmapped reads zeros (scratch) and reads zeros again
+  once remapped, never-mapped blocks read zeros, ``ensure_mapped`` returns the bytes the page
+  index predicts, and on a GPU each map/unmap moves ``cuMemGetInfo`` by its bytes.
 * ``group``: two subprocesses join one kvplan group (a budget of 1 GiB on a GPU), each binds a
   plan elastic and churns (asks for a grant, maps runs of blocks within it, releases) for
   ``--churn-seconds``. The parent samples, under the group's lock, Σ mapped bytes (each member

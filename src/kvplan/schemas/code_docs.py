@@ -184,6 +184,12 @@ CODE_DOCS: dict[Code, tuple[str, str]] = {
         "(warning) `kvplan limit` below an engine's floor, which raises it to the floor",
         "give a limit at or above the floor `kvplan top` shows",
     ),
+    Code.UNTRUSTED: (
+        "a dump, plan or group directory (or a file in it) another user could write or owns: "
+        "kvplan reads commands there, so it refuses it and names the owner",
+        "make the directory the engine user's (or root's) and not writable by others, or "
+        "sticky with files of that user only (`chmod`/`chown` as the message says)",
+    ),
     Code.INTEGRATION: (
         "the plugin cannot bind this engine (a bad setting, an unsupported vLLM, a failed check)",
         "read the reason and run `kvplan doctor`; kvplan never falls back silently",
