@@ -15,6 +15,7 @@ from harness._stats import make_stats
 from kvplan.cli import elastic_cmd
 from kvplan.cli.app import app
 from kvplan.elastic.files import LimitRequest, read_limit, write_stats
+from kvplan.schemas.errors import KVPlanError
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
 
@@ -460,6 +461,55 @@ def test_limit_group_creates_changes_and_refuses_a_budget_below_the_guarantees(
         assert_refused(run("limit", str(group), "32MiB", "--cache", "1MiB"), "KVP406")
     finally:
         member.leave()
+
+
+def test_a_guarantee_set_by_an_operator_survives_the_members_restart(tmp_path: Path) -> None:
+    """Kept in the ledger by member name: a restarted member rejoins with it, not its floor,
+    until --clear; a guarantee for a name that is not a member now waits for its join."""
+    from kvplan.elastic.group import GroupMember, read_snapshot
+
+    group = tmp_path / "group"
+    assert run("limit", "--group", str(group), "64MiB").exit_code == 0
+    floor = 1 << 20
+
+    def join() -> GroupMember:
+        return GroupMember.join(group, "gemma", floor=floor, ceiling=1 << 30)
+
+    member = join()
+    assert member.guarantee == floor
+    res = run("limit", "--group", str(group), "--member", "gemma", "12MiB")
+    assert res.exit_code == 0, res.output
+    assert "kept across gemma's restarts" in res.stdout and "--clear" in res.stdout
+    member.leave()  # the server stops...
+    assert read_snapshot(group).kept_guarantees == {"gemma": 12 << 20}
+    member = join()  # ...and starts again under its name
+    assert member.guarantee == 12 << 20
+    table = run("top", str(group), "--once")
+    assert "kept guarantees: gemma 12.00 MiB" in table.stdout, table.stdout
+    res = run("limit", "--group", str(group), "--member", "gemma", "--clear")
+    assert res.exit_code == 0, res.output
+    assert "cleared" in res.stdout and "until it restarts" in res.stdout
+    assert member.guarantee == 12 << 20  # live: kept until it restarts
+    member.leave()
+    member = join()
+    assert member.guarantee == floor and read_snapshot(group).kept_guarantees == {}
+    member.leave()
+    res = run("limit", "--group", str(group), "--member", "gemma", "--clear")
+    assert res.exit_code == 0 and "no guarantee was kept for gemma" in res.stdout
+    # not a member now: kept for its join, which may then be refused as any join
+    res = run("limit", "--group", str(group), "--member", "llama", "64MiB")
+    assert res.exit_code == 0 and "gets it when it joins" in res.stdout, res.output
+    first = join()
+    with pytest.raises(KVPlanError) as refused:
+        GroupMember.join(group, "llama", floor=8 << 20, ceiling=1 << 30)
+    assert refused.value.code.value == "KVP542" and "--clear" in str(refused.value)
+    first.leave()
+    assert_refused(run("limit", "--group", str(group), "--clear"), "KVP406")
+    assert_refused(
+        run("limit", "--group", str(group), "--member", "a", "1MiB", "--clear"), "KVP406"
+    )
+    assert_refused(run("limit", "--group", str(group), "--member", "a b", "1MiB"), "KVP547")
+    assert_refused(run("limit", str(group)), "KVP406")
 
 
 def test_top_shows_the_group_of_its_engines_and_a_group_directory(tmp_path: Path) -> None:

@@ -95,7 +95,10 @@ def limit_command(
             help="the engines' dump directory, or the folder kvplan top shows them in",
         ),
     ],
-    size: Annotated[str, typer.Argument(metavar="SIZE", help="physical KV budget, e.g. 24GiB")],
+    size: Annotated[
+        str | None,
+        typer.Argument(metavar="SIZE", help="physical KV budget, e.g. 24GiB (none with --clear)"),
+    ] = None,
     cache: Annotated[
         str | None,
         typer.Option(
@@ -117,8 +120,18 @@ def limit_command(
     ] = False,
     member: Annotated[
         str | None,
-        typer.Option("--member", metavar="NAME", help="with --group: set NAME's guarantee"),
+        typer.Option(
+            "--member",
+            metavar="NAME",
+            help="with --group: set NAME's guarantee (kept across its restarts)",
+        ),
     ] = None,
+    clear: Annotated[
+        bool,
+        typer.Option(
+            "--clear", help="with --group --member NAME and no SIZE: forget NAME's kept guarantee"
+        ),
+    ] = False,
 ) -> None:
     """Set the physical KV budget of every elastic engine kvplan top shows under DIR (the
     limit.json of each engine's own dump directory: DIR and two levels below it), or of a
@@ -137,6 +150,19 @@ def limit_command(
             )
         )
     directory = Path(directory_text)
+    if clear:
+        _clear_guarantee(directory, size, member, cache, json_out)
+        return
+    if size is None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "SIZE",
+                "no size was given.",
+                "pass SIZE, e.g. kvplan limit DIR 24GiB (or --group DIR --member NAME --clear "
+                "to forget a kept guarantee)",
+            )
+        )
     limit = parse_limit_size(size, "SIZE")
     if group or member is not None or is_group_directory(directory):
         _limit_group(directory, limit, member, cache, json_out)
@@ -234,6 +260,26 @@ def _limit_group(
     # the group files create what a budget may create (the directory 0700 included) and
     # refuse the rest (a link, another user's directory); a guarantee creates nothing
     after, said = _group_view.change(directory, size, member)
+    if json_out:
+        print_json(after.model_dump(mode="json"))
+    else:
+        stdout_console().print(Text(printable(said)))
+
+
+def _clear_guarantee(
+    directory: Path, size: str | None, member: str | None, cache: str | None, json_out: bool
+) -> None:
+    if member is None or size is not None or cache is not None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "--clear",
+                "--clear forgets the guarantee kept for one member of a group: it takes "
+                "--member NAME and no SIZE or --cache.",
+                "run kvplan limit --group DIR --member NAME --clear",
+            )
+        )
+    after, said = _group_view.clear(directory, member)
     if json_out:
         print_json(after.model_dump(mode="json"))
     else:

@@ -198,7 +198,7 @@ def stopped_in_order(settings: ElasticSettings, dump_dir: Path | None) -> bool:
     return True
 
 
-CLOSE_WORKERS_SECONDS = 2.0
+CLOSE_WORKERS_SECONDS = 0.5
 """How long a shutting-down engine core waits for its workers to close their caches."""
 
 
