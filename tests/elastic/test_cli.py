@@ -584,7 +584,10 @@ def test_top_limit_column_shows_the_limit_in_force_group_cap_included(tmp_path: 
         assert shown == want, res.stdout
         assert (
             f"engine-a rank 0: limit* in force {elastic_cmd.short_bytes(cap['a'])}, its "
-            "group's cap (its own limit 8.00 MiB)" in res.stdout
+            "grant in its group now (its own limit 8.00 MiB)" in res.stdout
+        )
+        assert "not a cap: it grows on request while the group's budget has free bytes" in (
+            " ".join(res.stdout.split())
         )
         (row_a, row_b) = json.loads(run("top", str(tmp_path / "dumps"), "--json").stdout)
         assert row_a["limit_bytes"] == 8 << 20  # the engine's own, as its stats file says

@@ -75,9 +75,9 @@ def member_view(group: GroupSnapshot, name: str) -> dict[str, Any] | None:
 def group_caps(
     members: list[tuple[Path, str | None, str | None]], groups: list[GroupSnapshot]
 ) -> dict[Path, int]:
-    """The group's cap on each engine that is a member: ``members`` is (stats path, the stats'
-    ``group``, ``group_member``); the cap is the member's effective limit in its group's
-    snapshot (what it must get under: its guarantee plus what it may borrow now)."""
+    """The group's effective limit of each engine that is a member: ``members`` is (stats
+    path, the stats' ``group``, ``group_member``); the member's effective limit in its group's
+    snapshot (its grant now less what it owes to claims: not a cap, it grows on request)."""
     by_dir = {g.directory: g for g in groups}
     caps: dict[Path, int] = {}
     for path, directory, name in members:

@@ -48,6 +48,11 @@ from kvplan.schemas.loading import check_output
 from kvplan.units import human_bytes
 
 MAX_INTERVAL = 3600.0
+CAPPED_NOTE = (
+    "limit*: a group member's effective limit, its grant now less what it owes to claims; not "
+    "a cap: it grows on request while the group's budget has free bytes"
+)
+"""What a ``*`` in the limit column means (docs/elastic.md, "The limit in force")."""
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
@@ -401,11 +406,13 @@ def _text(value: Text | str) -> Text:
 
 
 Caps = dict[Path, int]
-"""The group's cap on each engine that is a member (by stats path)."""
+"""The group's effective limit of each engine that is a member (by stats path): its grant
+now less what it owes, not a cap (it grows while the budget has free bytes)."""
 
 
 def in_force(row: Row, caps: Caps) -> int:
-    """The limit in force: the engine's own (``limit_bytes``), or its group's cap when lower."""
+    """The limit in force: the engine's own (``limit_bytes``), or its effective limit in its
+    group when lower."""
     cap = caps.get(row[0])
     return row[1].limit_bytes if cap is None else min(row[1].limit_bytes, cap)
 
@@ -415,7 +422,7 @@ def capped(row: Row, caps: Caps) -> bool:
 
 
 def _cell(column: Column, row: Row, caps: Caps) -> Text:
-    if column.header == "limit" and capped(row, caps):  # "*": the group's cap (a note says)
+    if column.header == "limit" and capped(row, caps):  # "*": the group's effective limit
         return Text(short_bytes(in_force(row, caps)) + "*", style="yellow")
     return _text(column.cell(row))
 
@@ -480,8 +487,8 @@ def _notes(rows: list[Row], dropped: list[Column], caps: Caps | None = None) -> 
         who = f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}"
         if capped(row, caps or {}):
             out.append(
-                f"{who}: limit* in force {short_bytes(in_force(row, caps or {}))}, its group's "
-                f"cap (its own limit {short_bytes(s.limit_bytes)})"
+                f"{who}: limit* in force {short_bytes(in_force(row, caps or {}))}, its grant "
+                f"in its group now (its own limit {short_bytes(s.limit_bytes)})"
             )
         if raised(s):
             floor = s.floor_bytes if s.floor_bytes is not None else s.limit_bytes
@@ -491,6 +498,8 @@ def _notes(rows: list[Row], dropped: list[Column], caps: Caps | None = None) -> 
             )
         if status.status in ("dead", "stale"):
             out.append(f"{who}: {status.status}: {status.reason}")
+    if any(capped(row, caps or {}) for row in rows):
+        out.append(CAPPED_NOTE)
     if len(out) > MAX_NOTES:
         out = [*out[: MAX_NOTES - 1], f"... and {len(out) - MAX_NOTES + 1} more (see --json)"]
     notes = [Text(line, style="yellow") for line in out]
