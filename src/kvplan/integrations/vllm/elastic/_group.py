@@ -14,10 +14,14 @@ reaped by the next accounting operation of any other member.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +223,34 @@ def close_workers(engine_core: Any) -> bool:
         return False
     logger.info("kvplan: shutdown: %d rank(s) closed their elastic caches", sum(closed or []))
     return True
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held while the engine core closes its workers' caches and leaves its
+    group, then delivered again (to whatever handled them before). vLLM's engine core resets
+    both to their default action before its shutdown, so a second signal -- Ctrl-C reaches
+    every process of the server, then the API server's SIGTERM -- killed it mid-leave. Only in
+    the main thread (elsewhere Python allows no handler: nothing is held)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    except (ValueError, OSError):
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(number, handler)
+        for number in dict.fromkeys(held):
+            os.kill(os.getpid(), number)
 
 
 def close_quietly(obj: Any) -> None:

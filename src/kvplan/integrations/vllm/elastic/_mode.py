@@ -365,9 +365,10 @@ class ElasticMode:
         for watcher in self.watchers:
             watcher.stop()
         self.watchers.clear()
-        if self.member is not None and group.close_workers(self.engine_core):
-            self._close_here()
-            self._leave()
+        with group.signals_deferred():  # a stop signal now waits for the leave (< 1 s)
+            if self.member is not None and group.close_workers(self.engine_core):
+                self._close_here()
+                self._leave()
         try:
             return call.run()
         finally:
