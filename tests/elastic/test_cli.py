@@ -15,6 +15,7 @@ from harness._stats import make_stats
 from kvplan.cli import elastic_cmd
 from kvplan.cli.app import app
 from kvplan.elastic.files import LimitRequest, read_limit, write_stats
+from kvplan.schemas.errors import KVPlanError
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
 
@@ -33,16 +34,18 @@ def assert_refused(res: Any, code: str) -> None:
 
 
 def test_limit_writes_and_prints(tmp_path: Path) -> None:
+    _engine(tmp_path, engine="e1", floor_bytes=None)
     res = run("limit", str(tmp_path), "24GiB", "--cache", "2GiB")
     assert res.exit_code == 0, res.output
     got = read_limit(tmp_path)
     assert isinstance(got, LimitRequest)
     assert (got.limit_bytes, got.cache_limit_bytes) == (24 << 30, 2 << 30)
     assert "limit.json" in res.stdout and "24.00 GiB (25769803776 B)" in res.stdout
-    assert "cache limit 2.00 GiB" in res.stdout
+    assert "cache limit 2.00 GiB" in res.stdout and "(e1 rank 0)" in res.stdout
 
 
 def test_limit_without_cache_and_cache_zero(tmp_path: Path) -> None:
+    _engine(tmp_path, floor_bytes=None)
     assert run("limit", str(tmp_path), "512MiB").exit_code == 0
     got = read_limit(tmp_path)
     assert isinstance(got, LimitRequest) and got.cache_limit_bytes is None
@@ -65,6 +68,7 @@ def test_limit_without_cache_and_cache_zero(tmp_path: Path) -> None:
     ],
 )
 def test_limit_bad_sizes_are_refused(tmp_path: Path, args: list[str], code: str) -> None:
+    _engine(tmp_path, floor_bytes=None)
     run("limit", str(tmp_path), "1GiB")
     before = (tmp_path / "limit.json").read_bytes()
     assert_refused(run("limit", str(tmp_path), *args), code)
@@ -353,7 +357,7 @@ def test_limit_json_lists_each_engine(tmp_path: Path) -> None:
     _engine(tmp_path, rank=1, floor_bytes=None)  # an older writer: floor unknown
     _engine(tmp_path, rank=2, state="closed")  # gone: not watching
     (tmp_path / "sub").mkdir()
-    _engine(tmp_path / "sub", floor_bytes=1 << 40)  # another engine's directory
+    _engine(tmp_path / "sub", floor_bytes=1 << 40)  # another engine's directory, below DIR
     res = run("limit", str(tmp_path), "4KiB", "--json")
     assert res.exit_code == 1, res.output
     data = json.loads(res.stdout)
@@ -362,15 +366,66 @@ def test_limit_json_lists_each_engine(tmp_path: Path) -> None:
         (0, "running", 640 << 10),
         (1, "running", None),
         (2, "closed", 640 << 10),
+        (0, "running", 1 << 40),
     ]
-    assert [e["limit_in_force_bytes"] for e in data["engines"]] == [640 << 10, 4096, None]
-    assert res.stderr.count("KVP427") == 1
+    assert [e["limit_in_force_bytes"] for e in data["engines"]] == [
+        640 << 10, 4096, None, 1 << 40,
+    ]  # fmt: skip
+    assert data["paths"] == [str(tmp_path / "limit.json"), str(tmp_path / "sub" / "limit.json")]
+    assert res.stderr.count("KVP427") == 2
 
 
-def test_limit_without_engines_is_written(tmp_path: Path) -> None:
+def test_limit_without_engines_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     res = run("limit", str(tmp_path), "1KiB", "--json")
-    assert res.exit_code == 0
-    assert json.loads(res.stdout)["engines"] == []
+    assert_refused(res, "KVP429")
+    assert "--group" in res.stderr and "KVPLAN_DUMP_DIR" in res.stderr
+    assert "wrote" not in res.output and list(tmp_path.iterdir()) == []
+    (tmp_path / "e1").mkdir()
+    (tmp_path / "e1" / "rank0.stats.json").write_text("{")  # not an engine's stats
+    res = run("limit", str(tmp_path), "1KiB")
+    assert_refused(res, "KVP429")
+    assert "KVP416" in res.stderr and not (tmp_path / "e1" / "limit.json").exists()
+
+
+def test_limit_applies_to_every_engine_top_shows(tmp_path: Path) -> None:
+    """The docs' layout: one dump directory per engine below a common DIR (``top DIR``)."""
+    for name in ("llama", "gemma"):
+        (tmp_path / name).mkdir()
+        _engine(tmp_path / name, engine=name, floor_bytes=1 << 20)
+    (tmp_path / "gemma" / "tp").mkdir()
+    _engine(tmp_path / "gemma" / "tp", engine="gemma-tp", rank=1, state="closed")
+    (tmp_path / "notes").mkdir()  # no engine: nothing written there
+    res = run("limit", str(tmp_path), "24GiB", "--cache", "2GiB")
+    assert res.exit_code == 0, res.output
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("limit.json"))
+    assert written == [Path("gemma/limit.json"), Path("gemma/tp/limit.json"),
+                       Path("llama/limit.json")]  # fmt: skip
+    for folder in ("llama", "gemma", "gemma/tp"):
+        got = read_limit(tmp_path / folder)
+        assert isinstance(got, LimitRequest)
+        assert (got.limit_bytes, got.cache_limit_bytes) == (24 << 30, 2 << 30)
+    assert not (tmp_path / "limit.json").exists()
+    lines = res.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("wrote ") for line in lines)
+    assert "(llama rank 0)" in res.stdout and "(gemma-tp rank 1)" in res.stdout
+    res = run("limit", str(tmp_path), "512KiB", "--json")
+    assert res.exit_code == 1, res.output  # below both running engines' floors
+    data = json.loads(res.stdout)
+    assert sorted(Path(p).relative_to(tmp_path) for p in data["paths"]) == written
+    assert {e["engine"]: Path(e["limit_path"]).parent.name for e in data["engines"]} == {
+        "gemma": "gemma", "gemma-tp": "tp", "llama": "llama",
+    }  # fmt: skip
+    assert res.stderr.count("KVP427") == 2
+
+
+def test_limit_refuses_a_planted_limit_file_before_writing_any(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        _engine(tmp_path / name, engine=name)
+    os.symlink(tmp_path / "elsewhere", tmp_path / "b" / "limit.json")
+    assert_refused(run("limit", str(tmp_path), "24GiB"), "KVP023")
+    assert not (tmp_path / "a" / "limit.json").exists()
+    assert not (tmp_path / "elsewhere").exists()
 
 
 # -- groups (KVPLAN_GROUP) ----------------------------------------------------------------
@@ -406,6 +461,55 @@ def test_limit_group_creates_changes_and_refuses_a_budget_below_the_guarantees(
         assert_refused(run("limit", str(group), "32MiB", "--cache", "1MiB"), "KVP406")
     finally:
         member.leave()
+
+
+def test_a_guarantee_set_by_an_operator_survives_the_members_restart(tmp_path: Path) -> None:
+    """Kept in the ledger by member name: a restarted member rejoins with it, not its floor,
+    until --clear; a guarantee for a name that is not a member now waits for its join."""
+    from kvplan.elastic.group import GroupMember, read_snapshot
+
+    group = tmp_path / "group"
+    assert run("limit", "--group", str(group), "64MiB").exit_code == 0
+    floor = 1 << 20
+
+    def join() -> GroupMember:
+        return GroupMember.join(group, "gemma", floor=floor, ceiling=1 << 30)
+
+    member = join()
+    assert member.guarantee == floor
+    res = run("limit", "--group", str(group), "--member", "gemma", "12MiB")
+    assert res.exit_code == 0, res.output
+    assert "kept across gemma's restarts" in res.stdout and "--clear" in res.stdout
+    member.leave()  # the server stops...
+    assert read_snapshot(group).kept_guarantees == {"gemma": 12 << 20}
+    member = join()  # ...and starts again under its name
+    assert member.guarantee == 12 << 20
+    table = run("top", str(group), "--once")
+    assert "kept guarantees: gemma 12.00 MiB" in table.stdout, table.stdout
+    res = run("limit", "--group", str(group), "--member", "gemma", "--clear")
+    assert res.exit_code == 0, res.output
+    assert "cleared" in res.stdout and "until it restarts" in res.stdout
+    assert member.guarantee == 12 << 20  # live: kept until it restarts
+    member.leave()
+    member = join()
+    assert member.guarantee == floor and read_snapshot(group).kept_guarantees == {}
+    member.leave()
+    res = run("limit", "--group", str(group), "--member", "gemma", "--clear")
+    assert res.exit_code == 0 and "no guarantee was kept for gemma" in res.stdout
+    # not a member now: kept for its join, which may then be refused as any join
+    res = run("limit", "--group", str(group), "--member", "llama", "64MiB")
+    assert res.exit_code == 0 and "gets it when it joins" in res.stdout, res.output
+    first = join()
+    with pytest.raises(KVPlanError) as refused:
+        GroupMember.join(group, "llama", floor=8 << 20, ceiling=1 << 30)
+    assert refused.value.code.value == "KVP542" and "--clear" in str(refused.value)
+    first.leave()
+    assert_refused(run("limit", "--group", str(group), "--clear"), "KVP406")
+    assert_refused(
+        run("limit", "--group", str(group), "--member", "a", "1MiB", "--clear"), "KVP406"
+    )
+    assert_refused(run("limit", "--group", str(group), "--member", "a b", "1MiB"), "KVP547")
+    assert_refused(run("limit", str(group)), "KVP406")
 
 
 def test_top_shows_the_group_of_its_engines_and_a_group_directory(tmp_path: Path) -> None:
@@ -480,7 +584,10 @@ def test_top_limit_column_shows_the_limit_in_force_group_cap_included(tmp_path: 
         assert shown == want, res.stdout
         assert (
             f"engine-a rank 0: limit* in force {elastic_cmd.short_bytes(cap['a'])}, its "
-            "group's cap (its own limit 8.00 MiB)" in res.stdout
+            "grant in its group now (its own limit 8.00 MiB)" in res.stdout
+        )
+        assert "not a cap: it grows on request while the group's budget has free bytes" in (
+            " ".join(res.stdout.split())
         )
         (row_a, row_b) = json.loads(run("top", str(tmp_path / "dumps"), "--json").stdout)
         assert row_a["limit_bytes"] == 8 << 20  # the engine's own, as its stats file says

@@ -14,13 +14,16 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from harness._stats import make_stats
 from kvplan.cli.app import app
+from kvplan.elastic.files import write_stats
 from kvplan.elastic.group import (
     MAX_BYTES,
     GroupMember,
@@ -327,6 +330,7 @@ def test_a_dead_member_whose_lease_was_removed_is_reaped(tmp_path: Path) -> None
 def test_a_marker_file_does_not_make_a_dump_directory_a_group(tmp_path: Path, marker: str) -> None:
     for name in ("group.lock", "ledger.json") if marker == "both" else (marker,):
         (tmp_path / name).write_text("")
+    write_stats(tmp_path, make_stats(time=time.time()))  # an engine dumps there
     exit_code, out, err = limit(str(tmp_path), "24GiB")
     assert exit_code == 0, err
     assert "wrote" in out and "group" not in out

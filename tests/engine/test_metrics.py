@@ -50,6 +50,7 @@ from harness.engine.harness import kvplan_env
 from kvplan.elastic.files import ElasticStats, read_stats
 from kvplan.elastic.group import read_snapshot
 from kvplan.integrations.vllm.metrics import METRICS, RANK_LABELS, STATUSES
+from kvplan.schemas.errors import KVPlanError
 from kvplan.schemas.loading import load_plan
 
 FIRST_LIMIT, NEW_LIMIT, NEW_LIMIT_BYTES = 24 << 20, "12MiB", 12 << 20
@@ -200,13 +201,17 @@ class Run:
     group_after: Any
     dump: Path
     group: Path
+    restart: Restart
     eager: Samples
     eager_plan_bytes: int
     seconds: float
 
 
 def _elastic(engine_python: Path, model: Path, work: Path) -> tuple[Any, ...]:
-    dump, group, prom = work / "dump", work / "group", work / "prom"
+    # one dump directory per engine below a common one, as docs/elastic.md sets two models up:
+    # `kvplan limit DUMPS SIZE` (the directory `kvplan top` shows them in) changes the limit
+    dumps, group, prom = work / "dumps", work / "group", work / "prom"
+    dump = dumps / "metrics"
     group.mkdir()
     prom.mkdir()
     env = kvplan_env(
@@ -236,7 +241,7 @@ def _elastic(engine_python: Path, model: Path, work: Path) -> tuple[Any, ...]:
             "model": MODEL_NAME,
             "requests": REQUESTS,
             "limit": {
-                "dir": str(dump),
+                "dir": str(dumps),
                 "size": NEW_LIMIT,
                 "bytes": NEW_LIMIT_BYTES,
                 "stats_file": str(dump / "rank0.stats.json"),
@@ -263,10 +268,105 @@ def _elastic(engine_python: Path, model: Path, work: Path) -> tuple[Any, ...]:
         final = read_stats(dump / "rank0.stats.json")
         assert isinstance(final, ElasticStats), final
         alive = server.alive()
-    finally:
-        server.stop()
+        kept = _kvplan("limit", "--group", str(group), "--member", "metrics", GUARANTEE)
+    except BaseException:
+        server.kill()
+        raise
     assert alive, server.tail()
-    return watch, client, before, before_snaps, final, after, group_after, dump, group
+    stops = [_stop_watched(server, group, dump)]
+    # the same member started again (same name, group and dump directory): the guarantee
+    # set before its restart is its guarantee again, not its floor
+    again = start_server("elastic-again", engine_python, model, work, OPTIONS, env)
+    try:
+        rejoined = read_snapshot(group)
+    except BaseException:
+        again.kill()
+        raise
+    stops.append(_stop_watched(again, group, dump))
+    restart = Restart(kept, rejoined, stops)
+    return watch, client, before, before_snaps, final, after, group_after, dump, group, restart
+
+
+GUARANTEE, GUARANTEE_BYTES = "8MiB", 8 << 20
+"""The member's guarantee set with ``kvplan limit --member`` before its restart (its floor,
+the null block and one 1,024-token request, is about 4 MiB)."""
+
+
+@dataclass
+class Stop:
+    """What the group and the stats file showed while a server stopped (SIGTERM)."""
+
+    exit_code: int
+    sent_at: float
+    left_at: float | None
+    """When the member was no longer in the group's ledger (its grant back), or None."""
+    closed_at: float | None
+    """When the rank's stats file said ``closed``, or None."""
+    liveness: list[str] = field(default_factory=list)
+    """The member's liveness in every snapshot taken while it was still in the ledger."""
+    free_after: int = 0
+    budget: int = 0
+
+
+@dataclass
+class Restart:
+    kept: dict[str, Any]
+    """``kvplan limit --group G --member metrics 8MiB --json`` before the first stop."""
+    rejoined: Any
+    """The group's snapshot once the restarted server was ready."""
+    stops: list[Stop]
+
+
+def _kvplan(*args: str) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kvplan", *args, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def _stop_watched(server: Server, group: Path, dump: Path) -> Stop:
+    """SIGTERM to the API server (``Server.stop``) while a thread reads the group's ledger and
+    the stats file every 10 ms: when the member left, when its snapshot said ``closed``."""
+    stop = Stop(exit_code=-1, sent_at=0.0, left_at=None, closed_at=None)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and (stop.left_at is None or stop.closed_at is None):
+            now = time.monotonic()
+            try:
+                snap = read_snapshot(group)
+            except KVPlanError:
+                snap = None
+            if snap is not None and stop.left_at is None:
+                mine = [m for m in snap.members if m.name == "metrics"]
+                if mine:
+                    stop.liveness.append(mine[0].liveness)
+                elif stop.sent_at:
+                    stop.left_at, stop.free_after = now, snap.free_bytes
+                    stop.budget = snap.budget_bytes
+            stats = read_stats(dump / "rank0.stats.json")
+            closed = isinstance(stats, ElasticStats) and stats.state == "closed"
+            if closed and stop.closed_at is None and stop.sent_at:
+                stop.closed_at = now
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    stop.sent_at = time.monotonic()
+    try:
+        stop.exit_code = server.stop()
+    finally:
+        time.sleep(1.0)  # a member that left late would still be seen
+        done.set()
+        watcher.join(10)
+    return stop
 
 
 def _eager(engine_python: Path, model: Path, work: Path) -> tuple[Samples, int]:
@@ -429,3 +529,35 @@ def test_an_eager_engine_shows_its_reservation_and_nothing_elastic(run: Run) -> 
     assert labels == {"model_name": MODEL_NAME, "engine": "0", "rank": "0"}
     assert reserved == run.eager_plan_bytes >= RESERVED
     assert "vllm:num_requests_waiting" in run.eager  # vLLM's plain registry, with kvplan's
+
+
+def test_kvplan_limit_on_the_directory_top_shows_changed_the_engines_limit(run: Run) -> None:
+    """`kvplan limit DUMPS 12MiB` with the engine's dump directory below DUMPS (it used to
+    write DUMPS/limit.json, which no engine reads, and say it worked)."""
+    limit = run.client.limit or {}
+    assert limit["cli"]["rc"] == 0, limit["cli"]
+    assert f"{run.dump}/limit.json" in limit["cli"]["output"], limit["cli"]["output"]
+    assert not (run.dump.parent / "limit.json").exists()
+    assert limit["applied"]["snapshot"]["limit_bytes"] == NEW_LIMIT_BYTES
+
+
+def test_a_server_stopped_with_sigterm_leaves_its_group_closed_within_a_second(
+    run: Run,
+) -> None:
+    """vLLM's default shutdown kills the engine core at once; the member used to stay in the
+    ledger, ``dead``, holding its grant until another member reaped it."""
+    for stop in run.restart.stops:
+        assert stop.exit_code == 0
+        assert stop.left_at is not None, stop  # not in the ledger: left, not reaped
+        assert stop.left_at - stop.sent_at < 1.0, stop
+        assert stop.free_after == stop.budget  # its grant is back: a group of one
+        assert stop.closed_at is not None and stop.closed_at - stop.sent_at < 1.0, stop
+        assert "dead" not in stop.liveness, stop
+
+
+def test_a_restarted_member_gets_the_guarantee_set_before_its_restart(run: Run) -> None:
+    kept = run.restart.kept
+    assert kept["kept_guarantees"] == {"metrics": GUARANTEE_BYTES}
+    mine = {m.name: m for m in run.restart.rejoined.members}["metrics"]
+    assert mine.guarantee_bytes == GUARANTEE_BYTES > mine.floor_bytes
+    assert run.restart.rejoined.kept_guarantees == {"metrics": GUARANTEE_BYTES}

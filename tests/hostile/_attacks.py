@@ -232,6 +232,16 @@ class Writer:
     prepare: Callable[[Area], None] | None = None
 
 
+def _an_engine_dumps(area: Area) -> None:
+    """A stats file in the dump directory: ``kvplan limit`` writes only where an engine reads."""
+    import time
+
+    from harness._stats import make_stats
+    from kvplan.elastic.files import write_stats
+
+    write_stats(area.dump, make_stats(time=time.time()))
+
+
 def _drifted_with_pages(area: Area) -> None:
     area.drift()
     (area.root / "pages").mkdir()
@@ -279,6 +289,7 @@ WRITERS: list[Writer] = [
         "limit",
         lambda a: a.dump / "limit.json",
         lambda a: ["limit", str(a.dump), "1GiB"],
+        prepare=lambda a: _an_engine_dumps(a),
     ),
 ]
 """Every command that writes a file."""

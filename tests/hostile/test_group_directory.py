@@ -13,12 +13,15 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from harness._stats import make_stats
+from kvplan.elastic.files import write_stats
 from kvplan.elastic.group import (
     GroupMember,
     GroupPaths,
@@ -236,10 +239,11 @@ def test_a_planted_marker_does_not_make_a_dump_directory_a_group(place: Place) -
         dump = place.base / f"dump-{marker}"
         dump.mkdir()
         (dump / marker).write_text("")
+        write_stats(dump, make_stats(time=time.time()))  # an engine dumps there
         outcome = invoke(["limit", str(dump), "24GiB"])
         assert outcome.exit_code == 0 and "wrote" in outcome.stdout, outcome.stderr
         assert json.loads((dump / "limit.json").read_text())["limit_bytes"] == 24 << 30
-        assert sorted(os.listdir(dump)) == sorted([marker, "limit.json"])
+        assert sorted(os.listdir(dump)) == sorted([marker, "limit.json", "rank0.stats.json"])
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,13 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from kvplan.elastic.group import GroupSnapshot, read_snapshot, set_budget, set_guarantee
+from kvplan.elastic.group import (
+    GroupSnapshot,
+    clear_guarantee,
+    read_snapshot,
+    set_budget,
+    set_guarantee,
+)
 from kvplan.schemas.errors import Diagnostic, KVPlanError, printable
 from kvplan.units import human_bytes
 
@@ -69,9 +75,9 @@ def member_view(group: GroupSnapshot, name: str) -> dict[str, Any] | None:
 def group_caps(
     members: list[tuple[Path, str | None, str | None]], groups: list[GroupSnapshot]
 ) -> dict[Path, int]:
-    """The group's cap on each engine that is a member: ``members`` is (stats path, the stats'
-    ``group``, ``group_member``); the cap is the member's effective limit in its group's
-    snapshot (what it must get under: its guarantee plus what it may borrow now)."""
+    """The group's effective limit of each engine that is a member: ``members`` is (stats
+    path, the stats' ``group``, ``group_member``); the member's effective limit in its group's
+    snapshot (its grant now less what it owes to claims: not a cap, it grows on request)."""
     by_dir = {g.directory: g for g in groups}
     caps: dict[Path, int] = {}
     for path, directory, name in members:
@@ -95,6 +101,12 @@ def group_table(group: GroupSnapshot, width: int) -> Table:
         f"  guaranteed {_b(group.guaranteed_bytes)}, borrowed {_b(group.borrowed_bytes)}, "
         f"claimed {_b(group.claimed_bytes)}"
     )
+    if group.kept_guarantees:  # an operator's, kept across restarts
+        kept = ", ".join(
+            f"{printable(n, 24)} {_b(v)}" for n, v in list(group.kept_guarantees.items())[:8]
+        )
+        more = len(group.kept_guarantees) - 8
+        title += f"\n  kept guarantees: {kept}{f', and {more} more' if more > 0 else ''}"
     table = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
     columns = ["member", "state", "guarantee", "granted", "borrowed", "claim", "limit", "x"]
     if width < 80:
@@ -118,9 +130,31 @@ def group_table(group: GroupSnapshot, width: int) -> Table:
 
 def change(directory: Path, size: int, member: str | None) -> tuple[GroupSnapshot, str]:
     """``kvplan limit --group``: the budget (created if the group has none yet), or a
-    member's guarantee; the snapshot after it and a line saying what was done."""
+    member's guarantee (kept by name across its restarts); the snapshot after it and a line
+    saying what was done."""
     if member is not None:
         after = set_guarantee(directory, member, size)
-        return after, f"group {directory}: guarantee of {member} now {_b(size)}"
+        live = any(m.name == member for m in after.members)
+        return after, (
+            f"group {directory}: guarantee of {member} now {_b(size)}"
+            + ("" if live else f" ({member} is not a member now: it gets it when it joins)")
+            + f"; kept across {member}'s restarts until set again or cleared "
+            f"(--member {member} --clear)"
+        )
     after = set_budget(directory, size, create=True)
     return after, f"group {directory}: budget now {_b(size)}"
+
+
+def clear(directory: Path, member: str) -> tuple[GroupSnapshot, str]:
+    """``kvplan limit --group DIR --member NAME --clear``: forget the guarantee kept for NAME."""
+    after, was = clear_guarantee(directory, member)
+    if was is None:
+        return after, f"group {directory}: no guarantee was kept for {member}; nothing changed"
+    live = next((m for m in after.members if m.name == member), None)
+    now = (
+        f"; {member} keeps {_b(live.guarantee_bytes)} until it restarts, then joins with its "
+        "own (KVPLAN_GROUP_GUARANTEE, else its floor)"
+        if live is not None
+        else f"; {member} joins with its own guarantee (KVPLAN_GROUP_GUARANTEE, else its floor)"
+    )
+    return after, f"group {directory}: the guarantee kept for {member} ({_b(was)}) is cleared{now}"

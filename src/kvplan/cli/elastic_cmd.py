@@ -2,8 +2,10 @@
 
 ``top DIR`` reads every ``rank<N>.stats.json`` under DIR (two subdirectory levels) and shows
 one row per engine and rank, refreshed live; ``--once`` prints the table once, ``--json``
-prints the snapshot as JSON. ``limit DIR SIZE`` writes ``DIR/limit.json``, which the engines
-dumping into DIR watch. Exit codes: 0 shown/written, 1 no stats files under DIR, 2 an error.
+prints the snapshot as JSON. ``limit DIR SIZE`` changes the same engines: it writes
+``limit.json`` into each engine's own dump directory under DIR (which the engine watches),
+``KVP429`` when no engine dumps there. Exit codes: 0 shown/written, 1 no stats files under DIR
+(top) or written below an engine's floor (limit), 2 an error.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvplan import units
-from kvplan.cli import _group_view, _top_page
+from kvplan.cli import _group_view, _limit_targets, _top_page
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -36,15 +38,22 @@ from kvplan.cli._output import (
 from kvplan.elastic import trust
 from kvplan.elastic.files import (
     ElasticStats,
+    limit_path,
     read_stats_tree,
     write_limit,
 )
 from kvplan.elastic.group import is_group_directory
 from kvplan.elastic.status import EngineStatus, engine_status
 from kvplan.schemas.errors import Code, Diagnostic, KVPlanError, error, printable, warning
+from kvplan.schemas.loading import check_output
 from kvplan.units import human_bytes
 
 MAX_INTERVAL = 3600.0
+CAPPED_NOTE = (
+    "limit*: a group member's effective limit, its grant now less what it owes to claims; not "
+    "a cap: it grows on request while the group's budget has free bytes"
+)
+"""What a ``*`` in the limit column means (docs/elastic.md, "The limit in force")."""
 MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
@@ -94,9 +103,16 @@ def parse_limit_size(text: str, option: str, *, zero_ok: bool = False) -> int:
 
 def limit_command(
     directory_text: Annotated[
-        str, typer.Argument(metavar="DIR", help="the engines' dump directory")
+        str,
+        typer.Argument(
+            metavar="DIR",
+            help="the engines' dump directory, or the folder kvplan top shows them in",
+        ),
     ],
-    size: Annotated[str, typer.Argument(metavar="SIZE", help="physical KV budget, e.g. 24GiB")],
+    size: Annotated[
+        str | None,
+        typer.Argument(metavar="SIZE", help="physical KV budget, e.g. 24GiB (none with --clear)"),
+    ] = None,
     cache: Annotated[
         str | None,
         typer.Option(
@@ -118,15 +134,26 @@ def limit_command(
     ] = False,
     member: Annotated[
         str | None,
-        typer.Option("--member", metavar="NAME", help="with --group: set NAME's guarantee"),
+        typer.Option(
+            "--member",
+            metavar="NAME",
+            help="with --group: set NAME's guarantee (kept across its restarts)",
+        ),
     ] = None,
+    clear: Annotated[
+        bool,
+        typer.Option(
+            "--clear", help="with --group --member NAME and no SIZE: forget NAME's kept guarantee"
+        ),
+    ] = False,
 ) -> None:
-    """Set the physical KV budget of the elastic engines that dump into DIR (DIR/limit.json),
-    or of a group of engines (--group DIR; without it, only a DIR that really is a group: a
+    """Set the physical KV budget of every elastic engine kvplan top shows under DIR (the
+    limit.json of each engine's own dump directory: DIR and two levels below it), or of a
+    group of engines (--group DIR; without it, only a DIR that really is a group: a
     group.lock and a valid ledger, not a marker file).
 
-    Exit 0 written; 1 written, but below the floor of an engine dumping into DIR (that engine
-    raises it to its floor); 2 an error (nothing written)."""
+    Exit 0 written; 1 written, but below the floor of an engine (that engine raises it to its
+    floor); 2 an error, KVP429 when no engine dumps under DIR (nothing written)."""
     if not directory_text.strip():
         raise KVPlanError(
             error(
@@ -137,6 +164,19 @@ def limit_command(
             )
         )
     directory = Path(directory_text)
+    if clear:
+        _clear_guarantee(directory, size, member, cache, json_out)
+        return
+    if size is None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "SIZE",
+                "no size was given.",
+                "pass SIZE, e.g. kvplan limit DIR 24GiB (or --group DIR --member NAME --clear "
+                "to forget a kept guarantee)",
+            )
+        )
     limit = parse_limit_size(size, "SIZE")
     if group or member is not None or is_group_directory(directory):
         _limit_group(directory, limit, member, cache, json_out)
@@ -152,55 +192,69 @@ def limit_command(
                 "pass a --cache at most SIZE",
             )
         )
-    _trusted(directory)
-    now = time.time()
-    engines = [
-        (p, s, engine_status(s, now))
-        for p, s in read_stats_tree(directory)
-        if isinstance(s, ElasticStats) and p.parent == directory
-    ]
-    engines.sort(key=lambda item: (item[1].engine, item[1].rank))
-    watching = [e for e in engines if e[2].status not in ("closed", "dead")]
-    below = [e for e in watching if e[1].floor_bytes is not None and limit < e[1].floor_bytes]
-    path = write_limit(directory, limit, cache_limit)
+    _directory(directory)
+    targets = _limit_targets.find_targets(directory)
+    for folder in targets.folders:  # each engine's own dump directory takes commands: trusted
+        _trusted(folder)
+    engines = targets.engines
+    watching = [e for e in engines if e.status.status not in _limit_targets.GONE]
+    below = [e for e in watching if e.stats.floor_bytes is not None and limit < e.stats.floor_bytes]
+    for folder in targets.folders:  # refuse a link or a special file before writing any
+        check_output(limit_path(folder), within=folder)
+    paths = [write_limit(folder, limit, cache_limit) for folder in targets.folders]
     cached = "the engines' default" if cache_limit is None else _bytes(cache_limit)
     if json_out:
         print_json(
             {
-                "path": str(path),
+                "paths": [str(p) for p in paths],
                 "limit_bytes": limit,
                 "cache_limit_bytes": cache_limit,
                 "below_floor": bool(below),
                 "engines": [
                     {
-                        "path": str(p),
-                        "engine": s.engine,
-                        "rank": s.rank,
-                        "status": st.status,
-                        "floor_bytes": s.floor_bytes,
+                        "path": str(e.path),
+                        "limit_path": str(limit_path(e.folder)),
+                        "engine": e.stats.engine,
+                        "rank": e.stats.rank,
+                        "status": e.status.status,
+                        "floor_bytes": e.stats.floor_bytes,
                         "limit_in_force_bytes": None
-                        if st.status in ("closed", "dead")
-                        else max(limit, s.floor_bytes or 0),
+                        if e.status.status in _limit_targets.GONE
+                        else max(limit, e.stats.floor_bytes or 0),
                     }
-                    for p, s, st in engines
+                    for e in engines
                 ],
             }
         )
     else:
-        stdout_console().print(
-            Text(printable(f"wrote {path}: limit {_bytes(limit)}, cache limit {cached}"))
-        )
+        console = stdout_console()
+        for folder, path in zip(targets.folders, paths, strict=True):
+            console.print(
+                Text(
+                    printable(
+                        f"wrote {path} ({_limit_targets.names(engines, folder)}): limit "
+                        f"{_bytes(limit)}, cache limit {cached}"
+                    )
+                )
+            )
     report(
-        warning(
-            Code.LIMIT_BELOW_FLOOR,
-            "SIZE",
-            f"the limit {_bytes(limit)} is below the floor of "
-            f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}, "
-            f"{_bytes(s.floor_bytes or 0)} (its null block and one request of max_model_len "
-            f"tokens in every KV cache group): that engine raises the limit to its floor.",
-            f"pass at least {_bytes(s.floor_bytes or 0)} for the limit to be in force as asked",
-        )
-        for _, s, _ in below
+        [
+            *(warning(d.code, d.location, d.message, d.hint or "") for d in targets.unreadable),
+            *(
+                warning(
+                    Code.LIMIT_BELOW_FLOOR,
+                    "SIZE",
+                    f"the limit {_bytes(limit)} is below the floor of "
+                    f"{printable(e.stats.engine, MAX_ENGINE_CHARS)} rank {e.stats.rank}, "
+                    f"{_bytes(e.stats.floor_bytes or 0)} (its null block and one request of "
+                    "max_model_len tokens in every KV cache group): that engine raises the "
+                    "limit to its floor.",
+                    f"pass at least {_bytes(e.stats.floor_bytes or 0)} for the limit to be in "
+                    "force as asked",
+                )
+                for e in below
+            ),
+        ]
     )
     if below:
         raise typer.Exit(EXIT_DIFFERENT)
@@ -222,6 +276,26 @@ def _limit_group(
     # the group files create what a budget may create (the directory 0700 included) and
     # refuse the rest (a link, another user's directory); a guarantee creates nothing
     after, said = _group_view.change(directory, size, member)
+    if json_out:
+        print_json(after.model_dump(mode="json"))
+    else:
+        stdout_console().print(Text(printable(said)))
+
+
+def _clear_guarantee(
+    directory: Path, size: str | None, member: str | None, cache: str | None, json_out: bool
+) -> None:
+    if member is None or size is not None or cache is not None:
+        raise KVPlanError(
+            error(
+                Code.USAGE,
+                "--clear",
+                "--clear forgets the guarantee kept for one member of a group: it takes "
+                "--member NAME and no SIZE or --cache.",
+                "run kvplan limit --group DIR --member NAME --clear",
+            )
+        )
+    after, said = _group_view.clear(directory, member)
     if json_out:
         print_json(after.model_dump(mode="json"))
     else:
@@ -343,11 +417,13 @@ def _text(value: Text | str) -> Text:
 
 
 Caps = dict[Path, int]
-"""The group's cap on each engine that is a member (by stats path)."""
+"""The group's effective limit of each engine that is a member (by stats path): its grant
+now less what it owes, not a cap (it grows while the budget has free bytes)."""
 
 
 def in_force(row: Row, caps: Caps) -> int:
-    """The limit in force: the engine's own (``limit_bytes``), or its group's cap when lower."""
+    """The limit in force: the engine's own (``limit_bytes``), or its effective limit in its
+    group when lower."""
     cap = caps.get(row[0])
     return row[1].limit_bytes if cap is None else min(row[1].limit_bytes, cap)
 
@@ -357,7 +433,7 @@ def capped(row: Row, caps: Caps) -> bool:
 
 
 def _cell(column: Column, row: Row, caps: Caps) -> Text:
-    if column.header == "limit" and capped(row, caps):  # "*": the group's cap (a note says)
+    if column.header == "limit" and capped(row, caps):  # "*": the group's effective limit
         return Text(short_bytes(in_force(row, caps)) + "*", style="yellow")
     return _text(column.cell(row))
 
@@ -422,8 +498,8 @@ def _notes(rows: list[Row], dropped: list[Column], caps: Caps | None = None) -> 
         who = f"{printable(s.engine, MAX_ENGINE_CHARS)} rank {s.rank}"
         if capped(row, caps or {}):
             out.append(
-                f"{who}: limit* in force {short_bytes(in_force(row, caps or {}))}, its group's "
-                f"cap (its own limit {short_bytes(s.limit_bytes)})"
+                f"{who}: limit* in force {short_bytes(in_force(row, caps or {}))}, its grant "
+                f"in its group now (its own limit {short_bytes(s.limit_bytes)})"
             )
         if raised(s):
             floor = s.floor_bytes if s.floor_bytes is not None else s.limit_bytes
@@ -433,6 +509,8 @@ def _notes(rows: list[Row], dropped: list[Column], caps: Caps | None = None) -> 
             )
         if status.status in ("dead", "stale"):
             out.append(f"{who}: {status.status}: {status.reason}")
+    if any(capped(row, caps or {}) for row in rows):
+        out.append(CAPPED_NOTE)
     if len(out) > MAX_NOTES:
         out = [*out[: MAX_NOTES - 1], f"... and {len(out) - MAX_NOTES + 1} more (see --json)"]
     notes = [Text(line, style="yellow") for line in out]

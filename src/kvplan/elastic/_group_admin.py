@@ -4,6 +4,7 @@ budget and guarantee changes ``kvplan limit`` makes (``kvplan.elastic.group`` re
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,8 @@ class GroupSnapshot(BaseModel):
     claimed_bytes: int
     owed_bytes: int
     members: list[MemberSnapshot]
+    kept_guarantees: dict[str, int] = Field(default_factory=dict)
+    """Guarantees an operator set, kept by member name across restarts (live or not)."""
 
 
 def snapshot_of(
@@ -93,6 +96,7 @@ def snapshot_of(
             )
             for m in sorted(state.members.values(), key=lambda m: m.name)
         ],
+        kept_guarantees=dict(sorted(state.kept.items())),
     )
 
 
@@ -164,21 +168,51 @@ def set_budget(
 def set_guarantee(
     directory: Path | str, name: str, guarantee: int, *, timeout: float = files.LOCK_TIMEOUT
 ) -> GroupSnapshot:
-    """Change member ``name``'s guarantee. ``KVP547`` for an unknown member, a guarantee
-    below its floor or above its ceiling; ``KVP542`` when the guarantees would not fit."""
+    """Set member ``name``'s guarantee and keep it in the ledger by name: the member keeps it
+    across restarts (it rejoins with it) until it is set again or cleared
+    (:func:`clear_guarantee`). A live member's guarantee changes now: ``KVP547`` below its
+    floor or above its ceiling, ``KVP542`` when the guarantees would not fit. For a name not
+    in the group now it is kept for that member's next join (checked then)."""
     with _admin(directory, timeout) as (paths, state):
-        if name not in state.members:
-            raise files.fail(
-                Code.GROUP_BAD_REQUEST,
-                paths.directory,
-                f"the group has no member named {show_value(name)}.",
-                "kvplan top DIR lists the members",
-            )
-        try:
-            grants.set_guarantee(state, name, guarantee)
-        except PolicyError as exc:
-            raise files.policy_error(exc, paths.directory) from None
+        if name in state.members:
+            try:
+                grants.set_guarantee(state, name, guarantee)
+            except PolicyError as exc:
+                raise files.policy_error(exc, paths.directory) from None
+        else:
+            _check_kept(paths.directory, state, name, guarantee)
+        state.kept[name] = guarantee
     return read_snapshot(directory)
+
+
+def clear_guarantee(
+    directory: Path | str, name: str, *, timeout: float = files.LOCK_TIMEOUT
+) -> tuple[GroupSnapshot, int | None]:
+    """Forget the guarantee kept for ``name``; the snapshot after it and the guarantee that
+    was kept (``None``: none was). A live member keeps its present guarantee until it
+    restarts; it then joins with its own (``KVPLAN_GROUP_GUARANTEE``, else its floor)."""
+    with _admin(directory, timeout) as (_, state):
+        was = state.kept.pop(name, None)
+    return read_snapshot(directory), was
+
+
+def _check_kept(where: Path, state: GroupState, name: str, guarantee: int) -> None:
+    if not re.fullmatch(files._NAME, name):
+        raise files.fail(
+            Code.GROUP_BAD_REQUEST,
+            where,
+            f"the member name {show_value(name)} is not valid (1-128 letters, digits and "
+            "._:@+- , starting with a letter or digit).",
+            "pass the member's KVPLAN_ENGINE_NAME (kvplan top DIR lists the members)",
+        )
+    files.check_bytes(where, "guarantee", guarantee)
+    if len(state.kept) >= files.MAX_KEPT and name not in state.kept:
+        raise files.fail(
+            Code.GROUP_BAD_REQUEST,
+            where,
+            f"the group already keeps {files.MAX_KEPT} guarantees.",
+            "clear the guarantees of members that are gone (--member NAME --clear)",
+        )
 
 
 def is_group_directory(directory: Path | str) -> bool:

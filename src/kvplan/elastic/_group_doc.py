@@ -3,9 +3,10 @@ files that hold it are :mod:`kvplan.elastic._group_files`. No torch, no vLLM."""
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvplan.elastic.grants import GroupState, MemberState
 from kvplan.schemas.errors import Code, KVPlanError, error, printable, show_value
@@ -20,6 +21,8 @@ LEASE_SUFFIX = ".lease"
 MAX_LEDGER_BYTES = 1 << 20
 """Largest ledger read (1 MiB; a full one of 64 members is about 40 KiB)."""
 MAX_MEMBERS = 64
+MAX_KEPT = 256
+"""Most guarantees kept by member name (members come and go; a cleared one is removed)."""
 MAX_BYTES = 1 << 60
 """Largest byte count a ledger holds (1 EiB)."""
 MAX_FACTOR = 4096
@@ -93,10 +96,27 @@ class GroupLedger(_Document):
     budget_bytes: int = Field(ge=0, le=MAX_BYTES)
     revision: int = Field(ge=0, le=MAX_REVISION)
     members: list[MemberRecord] = Field(max_length=MAX_MEMBERS)
+    kept_guarantees: dict[str, int] = Field(default_factory=dict, max_length=MAX_KEPT)
+    """Guarantees set by an operator, by member name, kept across the member's restarts
+    (absent in ledgers written before they were kept: none)."""
+
+    @field_validator("kept_guarantees")
+    @classmethod
+    def _kept_bounds(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, size in value.items():
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"a kept guarantee names no valid member ({name[:40]!r})")
+            if not 0 <= size <= MAX_BYTES:
+                raise ValueError(f"a kept guarantee must be 0 to {MAX_BYTES} bytes")
+        return value
 
 
 def to_state(ledger: GroupLedger) -> GroupState:
-    state = GroupState(budget=ledger.budget_bytes, revision=ledger.revision)
+    state = GroupState(
+        budget=ledger.budget_bytes,
+        revision=ledger.revision,
+        kept=dict(ledger.kept_guarantees),
+    )
     for r in ledger.members:
         state.members[r.name] = MemberState(
             name=r.name,
@@ -158,4 +178,5 @@ def _to_ledger(state: GroupState) -> GroupLedger:
             )
             for m in sorted(state.members.values(), key=lambda m: m.name)
         ],
+        kept_guarantees=dict(sorted(state.kept.items())),
     )

@@ -35,6 +35,7 @@ from kvplan.elastic._group_doc import (
     LOCK_TIMEOUT,
     MAX_BYTES,
     MAX_FACTOR,
+    MAX_KEPT,
     MAX_LEDGER_BYTES,
     MAX_MEMBERS,
     MAX_REVISION,
@@ -68,6 +69,7 @@ __all__ = [  # the document part lives in _group_doc; the group files re-export 
     "LOCK_TIMEOUT",
     "MAX_BYTES",
     "MAX_FACTOR",
+    "MAX_KEPT",
     "MAX_LEDGER_BYTES",
     "MAX_MEMBERS",
     "MAX_REVISION",
@@ -469,6 +471,7 @@ def signature(state: GroupState) -> tuple[object, ...]:
              m.granted, m.claim, m.claim_seq, m.joined_at)
             for m in sorted(state.members.values(), key=lambda m: m.name)
         ),
+        tuple(sorted(state.kept.items())),
     )  # fmt: skip
 
 

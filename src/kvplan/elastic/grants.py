@@ -73,6 +73,10 @@ class GroupState:
     budget: int
     revision: int = 0
     members: dict[str, MemberState] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
+    """Guarantees an operator set (``kvplan limit --group DIR --member NAME SIZE``), by
+    member name: a member that joins under that name gets it (within its floor and ceiling)
+    until it is changed or cleared, whether or not that member is live now."""
 
     # -- sums (charged bytes) ------------------------------------------------------------
     def granted(self) -> int:

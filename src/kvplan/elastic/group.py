@@ -39,6 +39,7 @@ from kvplan.elastic import grants
 from kvplan.elastic._group_admin import (
     GroupSnapshot,
     MemberSnapshot,
+    clear_guarantee,
     is_group_directory,
     read_snapshot,
     set_budget,
@@ -118,6 +119,7 @@ __all__ = [
     "MemberRecord",
     "MemberSnapshot",
     "attach",
+    "clear_guarantee",
     "is_group_directory",
     "probe_lease",
     "read_ledger",
@@ -272,11 +274,15 @@ class GroupMember:
                         "use another group directory",
                     )
                 member_lease = Lease.create(paths, lease_id)
+                kept = state.kept.get(name)
+                chosen = floor if guarantee is None else guarantee
+                if kept is not None:  # an operator's, kept across restarts (within bounds)
+                    chosen = min(max(kept, floor), ceiling)
                 record = MemberState(
                     name=name,
                     factor=factor,
                     floor=floor,
-                    guarantee=floor if guarantee is None else guarantee,
+                    guarantee=chosen,
                     ceiling=ceiling,
                     lease=lease_id,
                     lease_inode=member_lease.inode,
@@ -286,6 +292,13 @@ class GroupMember:
                 try:
                     grants.join(state, record)
                 except PolicyError as exc:
+                    if kept is not None:
+                        exc = PolicyError(
+                            exc.kind,
+                            f"{exc} ({name}'s guarantee is the one kept for it by `kvplan "
+                            f"limit --group DIR --member {name} SIZE`; `--member {name} "
+                            "--clear` forgets it)",
+                        )
                     raise policy_error(exc, paths.directory) from None
                 if initial:
                     grants.request(state, name, min(initial, ceiling))

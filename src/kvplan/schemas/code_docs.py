@@ -190,6 +190,11 @@ CODE_DOCS: dict[Code, tuple[str, str]] = {
         "make the directory the engine user's (or root's) and not writable by others, or "
         "sticky with files of that user only (`chmod`/`chown` as the message says)",
     ),
+    Code.LIMIT_NO_ENGINES: (
+        "`kvplan limit DIR` where no engine dumps: a `limit.json` there would be read by none",
+        "name the directory `kvplan top` shows the engines in, `--group DIR` for a group's "
+        "budget, or `KVPLAN_MEMORY_LIMIT` for an engine not started yet",
+    ),
     Code.INTEGRATION: (
         "the plugin cannot bind this engine (a bad setting, an unsupported vLLM, a failed check)",
         "read the reason and run `kvplan doctor`; kvplan never falls back silently",

@@ -80,3 +80,56 @@ def test_doctor_refuses_every_setting_the_plugin_refuses(
     if "VLLM_PLUGINS" not in extra:  # vLLM does not load a plugin it does not list
         found = preflight({**base, **extra})
         assert [p.code.value for p in found.problems if p.is_error] == [code]
+
+
+@pytest.mark.parametrize(
+    ("setup", "budget", "code"),
+    [
+        ("missing", None, "KVP540"),  # the engine refuses it too: a typo must start no group
+        ("missing", "64MiB", "KVP540"),  # a join needs the directory (kvplan limit makes it)
+        ("no ledger", None, "KVP544"),
+        ("no ledger", "64MiB", None),  # the first join creates the ledger
+        ("open to others", "64MiB", "KVP540"),
+    ],
+)
+def test_doctor_runs_the_groups_own_start_up_checks(
+    quiet: pytest.MonkeyPatch, tmp_path: Path, setup: str, budget: str | None, code: str | None
+) -> None:
+    """``KVPLAN_GROUP`` is checked as the engine checks it when the plugin registers: the
+    doctor's verdict and exit status are the engine's (it used to say "ready")."""
+    from kvplan.integrations.vllm.plugin import preflight
+
+    group = tmp_path / "group"
+    if setup != "missing":
+        group.mkdir(mode=0o700)
+    if setup == "open to others":
+        group.chmod(0o777)
+    env = {**ELASTIC, "KVPLAN_GROUP": str(group), "KVPLAN_ENGINE_NAME": "llama"}
+    if budget is not None:
+        env["KVPLAN_GROUP_BUDGET"] = budget
+    exit_code, report = _doctor(quiet, env)
+    errors = [p for p in report["problems"] if p["severity"] == "error"]
+    if code is None:
+        assert exit_code == 0 and errors == [], errors
+        assert not (group / "ledger.json").exists()  # the doctor creates nothing
+        return
+    assert exit_code == 2 and report["verdict"].startswith("not usable"), report["verdict"]
+    assert [p["code"] for p in errors] == [code], errors
+    assert str(group) in errors[0]["location"]
+    assert [p.code.value for p in preflight(env).problems if p.is_error] == [code]
+    assert not group.exists() or list(group.iterdir()) == []
+
+
+def test_an_unavailable_backends_advice_fits_the_mode(quiet: pytest.MonkeyPatch) -> None:
+    """Elastic mode is never told to use torch (which refuses it): the fix names a backend
+    that serves elastic mode here."""
+    from kvplan.executor.backends import backend_class
+
+    if backend_class("cuda-vmm").available() is None:
+        pytest.skip("cuda-vmm is available here")
+    for mode, wanted, unwanted in (("eager", "torch", None), ("elastic", "host-vmm", "torch")):
+        env = {"KVPLAN_ENABLE": "1", "KVPLAN_BACKEND": "cuda-vmm", "KVPLAN_MODE": mode}
+        exit_code, report = _doctor(quiet, env)
+        (problem,) = [p for p in report["problems"] if p["location"] == "KVPLAN_BACKEND"]
+        assert exit_code == 2 and wanted in problem["hint"], problem
+        assert unwanted is None or unwanted not in problem["hint"], problem

@@ -77,6 +77,7 @@ def test_elastic_mode_also_patches_the_scheduler_and_the_workers_step(
         "vllm.v1.executor.abstract.Executor.__init__",
         "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
         "vllm.v1.engine.core.EngineCore.shutdown",
+        "vllm.v1.engine.utils.CoreEngineProcManager.shutdown",
         "vllm.v1.engine.core.EngineCoreProc._handle_client_request",
         "vllm.v1.engine.core.generate_scheduler_kv_cache_config",
         "vllm.v1.core.sched.scheduler.Scheduler.__init__",

@@ -14,9 +14,14 @@ reaped by the next accounting operation of any other member.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +32,18 @@ if TYPE_CHECKING:
     from kvplan.elastic.group import GroupMember, Lease
 
 logger = logging.getLogger("vllm.kvplan")
+
+STOP_GRACE_SECONDS = 5.0
+"""Seconds the API server's process manager waits for its engine core to stop in order (its
+workers stopped, its caches closed, the group left) before it kills it. vLLM's default
+(``--shutdown-timeout 0``: abort requests at once) passes 0 and kills the core as soon as it
+has sent SIGTERM, so the core never left its group and its member stayed ``dead`` until
+another member reaped it; vLLM itself widens the wait the same way on ROCm. The requests
+are still aborted at once (that is the core's own decision); a core that stops sooner ends
+the wait sooner."""
+
+STOP_POLL_SECONDS = 0.02
+STATS_FILE = re.compile(r"rank[0-9]{1,9}\.stats\.json")
 
 JOIN_TIMEOUT = 30.0
 """Seconds a joining engine waits for the bytes its null block needs (claims are served by
@@ -135,6 +152,105 @@ def attach_worker(settings: ElasticSettings, name: str) -> Lease | None:
     from kvplan.elastic.group import attach
 
     return attach(settings.group, name)
+
+
+def stop_engine_processes(settings: ElasticSettings, dump_dir: Path | None, call: Any) -> Any:
+    """``CoreEngineProcManager.shutdown(timeout)`` in the API server. vLLM sends SIGTERM to
+    the engine core and, past ``timeout`` (0 by default), kills it: the core never got to its
+    own shutdown. Here SIGTERM goes first, then this waits -- until the core has stopped in
+    order (its workers' caches closed, the last stats snapshots ``closed``, the group left),
+    it exited, or :data:`STOP_GRACE_SECONDS` passed -- and then vLLM does what it does (the
+    rest of the core's teardown is vLLM's; the requests were aborted at once all the same)."""
+    manager = call.argument("self")
+    timeout = call.argument("timeout")
+    procs = [p for p in getattr(manager, "processes", None) or [] if p.is_alive()]
+    waits = settings.group is not None or dump_dir is not None
+    if procs and waits and (timeout is None or timeout < STOP_GRACE_SECONDS):
+        for proc in procs:
+            proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+            if stopped_in_order(settings, dump_dir):
+                break
+            time.sleep(STOP_POLL_SECONDS)
+    return call.run()
+
+
+def stopped_in_order(settings: ElasticSettings, dump_dir: Path | None) -> bool:
+    """Whether this engine's elastic part has stopped: every stats file in its dump directory
+    ``closed``, and its member no longer in its group's ledger."""
+    from kvplan.elastic.files import ElasticStats, read_stats
+    from kvplan.elastic.group import read_snapshot
+
+    if dump_dir is not None:
+        try:
+            names = [n for n in os.listdir(dump_dir) if STATS_FILE.fullmatch(n)]
+        except OSError:
+            names = []
+        for name in names:
+            stats = read_stats(dump_dir / name, within=dump_dir)
+            if not isinstance(stats, ElasticStats) or stats.state != "closed":
+                return False
+    if settings.group is not None:
+        try:
+            members = read_snapshot(settings.group).members
+        except KVPlanError:
+            return False
+        name = member_name(dump_dir)
+        if any(m.name == name for m in members):
+            return False
+    return True
+
+
+CLOSE_WORKERS_SECONDS = 0.5
+"""How long a shutting-down engine core waits for its workers to close their caches."""
+
+
+def close_workers(engine_core: Any) -> bool:
+    """Ask every worker of ``engine_core`` to close its elastic cache (``collective_rpc``:
+    each rank runs it in its RPC order, after any step sent before); whether every rank
+    answered. ``False`` when the engine has no executor or a rank did not answer in
+    :data:`CLOSE_WORKERS_SECONDS` (gone, or stopped by the same signal)."""
+    from kvplan.integrations.vllm.elastic._worker import close_for_shutdown
+
+    executor = getattr(engine_core, "model_executor", None)
+    if executor is None:
+        return False
+    try:
+        closed = executor.collective_rpc(close_for_shutdown, timeout=CLOSE_WORKERS_SECONDS)
+    except Exception as exc:  # a worker gone or stopping: vLLM stops them, then we leave
+        logger.info("kvplan: the workers did not close their caches at shutdown (%s)", exc)
+        return False
+    logger.info("kvplan: shutdown: %d rank(s) closed their elastic caches", sum(closed or []))
+    return True
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held while the engine core closes its workers' caches and leaves its
+    group, then delivered again (to whatever handled them before). vLLM's engine core resets
+    both to their default action before its shutdown, so a second signal -- Ctrl-C reaches
+    every process of the server, then the API server's SIGTERM -- killed it mid-leave. Only in
+    the main thread (elsewhere Python allows no handler: nothing is held)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
+    except (ValueError, OSError):
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(number, handler)
+        for number in dict.fromkeys(held):
+            os.kill(os.getpid(), number)
 
 
 def close_quietly(obj: Any) -> None:

@@ -124,6 +124,9 @@ class ElasticMode:
             "elastic/executor-init": self.executor_init,
             "elastic/initialize-kv-caches": self.initialize_kv_caches,
             "elastic/shutdown": self.shutdown,
+            "elastic/engine-processes-shutdown": lambda runtime, call: group.stop_engine_processes(
+                self.settings, self.dump_dir, call
+            ),
             "elastic/rank-configs": self.record_rank_configs,
             "elastic/scheduler-init": self.scheduler_init,
             "elastic/schedule": self.schedule,
@@ -352,26 +355,43 @@ class ElasticMode:
         return None
 
     def shutdown(self, runtime: Runtime, call: Call) -> Any:
-        """``EngineCore.shutdown``: vLLM stops its workers; this process's elastic caches are
-        closed (unmapped) and only then does the engine leave its group (unmap, then
-        release: the grant never covers less than what is mapped)."""
+        """``EngineCore.shutdown``: the engine leaves its group once every rank's elastic cache
+        is closed (unmapped), never before (unmap, then release: the grant never covers less
+        than what is mapped). The workers are asked to close their caches first
+        (:func:`group.close_workers`); then the engine leaves, and vLLM stops the workers --
+        the OpenAI server's default shutdown kills them, and the engine core, seconds later at
+        most. When the workers cannot be asked (gone already: Ctrl-C reached them too), the
+        engine leaves after vLLM stopped them, as before."""
         for watcher in self.watchers:
             watcher.stop()
         self.watchers.clear()
+        with group.signals_deferred():  # a stop signal now waits for the leave (< 1 s)
+            if self.member is not None and group.close_workers(self.engine_core):
+                self._close_here()
+                self._leave()
         try:
             return call.run()
         finally:
-            for side in list(self.workers):
-                if not side.cache.closed:
-                    side.cache.close()
-                    worker_state.detach_cache(side.cache)
-            self.workers.clear()
-            member, self.member = self.member, None
-            if member is not None:
-                try:
-                    member.leave()
-                except KVPlanError as exc:
-                    logger.warning("kvplan: leaving the group failed: %s", exc)
+            self._close_here()
+            self._leave()
+
+    def _close_here(self) -> None:
+        """Close this process's elastic caches (an executor whose workers run in it)."""
+        for side in list(self.workers):
+            if not side.cache.closed:
+                side.cache.close()
+                worker_state.detach_cache(side.cache)
+        self.workers.clear()
+
+    def _leave(self) -> None:
+        member, self.member = self.member, None
+        if member is not None:
+            try:
+                member.leave()
+            except KVPlanError as exc:
+                logger.warning("kvplan: leaving the group failed: %s", exc)
+            else:
+                logger.info("kvplan: %s left group %s", member.name, self.settings.group)
 
     def before_step(self, runtime: Runtime, call: Call) -> None:
         """``Worker.execute_model``: unmap, then map, this step's blocks (vLLM runs it next)."""

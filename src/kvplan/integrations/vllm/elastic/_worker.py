@@ -384,3 +384,18 @@ def apply_between_steps(worker: Any, ops: ElasticOps) -> str | None:
     except MapFailed as exc:
         return refusals.first_message(exc.error)
     return None
+
+
+def close_for_shutdown(worker: Any) -> int:
+    """The engine core is shutting down (its loop has stopped stepping): close this rank's
+    elastic cache now -- unmapped, its last snapshot ``closed``, the group lease this process
+    held let go -- so that the engine can leave its group before vLLM stops the worker
+    process, which the OpenAI server's default shutdown does by killing it. Sent through
+    ``collective_rpc``; the caches this rank closed (0 or 1)."""
+    from kvplan.integrations.vllm.pipeline import release_owner
+
+    owner = getattr(worker, "model_runner", None)
+    if worker_of(owner) is None:
+        return 0
+    release_owner(owner)  # closed, then what the binding asked for after it (the lease)
+    return 1

@@ -66,7 +66,9 @@ METRICS: tuple[Metric, ...] = (
     _rank("kvplan_kv_peak_mapped_bytes", "gauge", "the most kvplan_kv_mapped_bytes has been",
           "worker: stats `peak_mapped_bytes`"),
     _rank("kvplan_kv_limit_bytes", "gauge",
-          "the physical budget in force (never below the floor)",
+          "the engine's own limit: KVPLAN_MEMORY_LIMIT or kvplan limit, raised to its "
+          "floor (in a group the limit in force is the lower of this and "
+          "kvplan_group_effective_limit_bytes)",
           "engine core: stats `limit_bytes`"),
     _rank("kvplan_kv_asked_limit_bytes", "gauge",
           "the limit asked (KVPLAN_MEMORY_LIMIT or kvplan limit); absent when none was",
@@ -134,7 +136,8 @@ METRICS: tuple[Metric, ...] = (
     _group("kvplan_group_owed_bytes", "charged bytes the member must give back to claims",
            "group ledger: the member\'s `owed_bytes`"),
     _group("kvplan_group_effective_limit_bytes",
-           "what the member must get under (its bytes): grant, claims of others",
+           "the member's effective limit (its bytes): its grant now, less what it owes "
+           "to others' claims; not a cap, it grows on request while the budget has free bytes",
            "group ledger: the member\'s `effective_limit_bytes`"),
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ with them); everything else is reached through the names below.
 from __future__ import annotations
 
 from kvplan.integrations.vllm.pipeline._handlers import HANDLERS
-from kvplan.integrations.vllm.pipeline._lifetime import live_caches, release_all
+from kvplan.integrations.vllm.pipeline._lifetime import live_caches, release_all, release_owner
 from kvplan.integrations.vllm.pipeline._modes import EagerMode, Handler, Mode
 from kvplan.integrations.vllm.pipeline._runtime import (
     Call,
@@ -41,5 +41,6 @@ __all__ = [
     "positions_of",
     "rank_label",
     "release_all",
+    "release_owner",
     "with_aliases",
 ]

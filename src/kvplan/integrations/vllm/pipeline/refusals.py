@@ -150,12 +150,18 @@ def foreign_wrapper(version: str, resolved: Resolved) -> Diagnostic:
     )
 
 
-def backend_unavailable(backend: str, why: str) -> Diagnostic:
+def backend_unavailable(backend: str, why: str, instead: list[str] | None = None) -> Diagnostic:
+    """``instead``: the backends that would serve the mode asked for here (default: torch,
+    which serves eager mode on any device)."""
+    others = ["torch (any device)"] if instead is None else instead
+    fix = (
+        f"set {ENV_BACKEND}={' or '.join(others)}, or install what {backend} needs"
+        if others
+        else f"install what {backend} needs (no other backend that serves this mode is "
+        "available here)"
+    )
     return error(
-        Code.INTEGRATION,
-        ENV_BACKEND,
-        f"the {backend} backend is unavailable: {why}.",
-        f"set {ENV_BACKEND}=torch (any device) or install what it needs",
+        Code.INTEGRATION, ENV_BACKEND, f"the {backend} backend is unavailable: {why}.", fix
     )
 
 

@@ -95,8 +95,6 @@ def _activate() -> None:
         problem = refusals.internal(exc, "kvplan.integrations.vllm.plugin")
         raise announce(refusals.plugin_refused(version, [problem])) from exc
     settings, mode, adapter = found.settings, found.mode, found.adapter
-    if not found.problems and settings.enabled:  # a group member refused before vLLM loads
-        found.problems.extend(_group_refusals(mode, settings))
     handlers = {**HANDLERS, **mode.handlers()}
     for resolved in found.resolved:
         name = resolved.target.handler
@@ -126,16 +124,6 @@ def _activate() -> None:
         _restore(state)
         raise
     _STATE = state
-
-
-def _group_refusals(mode: Any, settings: Settings) -> list[Diagnostic]:
-    """What an elastic engine's group join would refuse, found as the plugin registers:
-    before vLLM loads the model (``elastic._early``)."""
-    from kvplan.integrations.vllm.elastic import ElasticMode, group_refusals
-
-    if not isinstance(mode, ElasticMode):
-        return []
-    return group_refusals(mode.settings, settings.dump_dir)
 
 
 def preflight(

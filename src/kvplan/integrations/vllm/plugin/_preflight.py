@@ -142,10 +142,14 @@ def preflight(
     if not problems:
         why = backend_class(settings.backend).available()
         if why is not None:
-            problems.append(refusals.backend_unavailable(settings.backend, why))
+            problems.append(
+                refusals.backend_unavailable(settings.backend, why, _instead(settings, mode))
+            )
         if settings.dump_dir is not None:
             bad = prepare_dump_dir(settings.dump_dir)
             problems.extend([bad] if bad else [])
+    if not problems and settings.enabled:  # a group member refused before vLLM loads
+        problems.extend(_group_refusals(mode, settings))
     if vllm_version is None:
         return found
     adapter = versions.adapter_for(vllm_version)
@@ -167,3 +171,30 @@ def preflight(
         if not r.ok
     )
     return found
+
+
+def _instead(settings: Settings, mode: Mode) -> list[str] | None:
+    """The backends that would serve ``mode`` here, for a refusal's fix (``None``: eager
+    mode's usual advice, torch)."""
+    from kvplan.executor.backends import backend_class, backend_info, backend_names
+
+    if getattr(mode, "name", "eager") != "elastic":
+        return None
+    return [
+        name
+        for name in backend_names(plugin=True)
+        if name != settings.backend
+        and backend_info(name).elastic
+        and backend_class(name).available() is None
+    ]
+
+
+def _group_refusals(mode: Mode, settings: Settings) -> list[Diagnostic]:
+    """What an elastic engine's group join would refuse, found before vLLM loads the model
+    (``elastic._early``): a group directory that cannot be used (``KVP540``, ``KVP541``), no
+    ledger and no budget (``KVP544``), an explicit guarantee that does not fit (``KVP542``)."""
+    from kvplan.integrations.vllm.elastic import ElasticMode, group_refusals
+
+    if not isinstance(mode, ElasticMode):
+        return []
+    return group_refusals(mode.settings, settings.dump_dir)

@@ -59,8 +59,12 @@ ELASTIC_TARGETS = tuple(
     if t.qualname == "request_memory"
     else t
     for t in _ELASTIC_0_33
+    if t.qualname != "CoreEngineProcManager.shutdown"
 )
-"""0.32's elastic targets; the start-up guard without ``external_weight_memory`` (0.29–0.31)."""
+"""0.32's elastic targets; the start-up guard without ``external_weight_memory`` (0.29–0.31).
+The API server's wait for an engine core stopping in order (``CoreEngineProcManager.shutdown``)
+is 0.32's and 0.33's: its shutdown code was not checked on the older releases, whose servers
+stop as vLLM stops them (the member left ``dead`` until reaped)."""
 
 _NOT_IN_0_31: dict[str, dict[str, object]] = {
     "KVCacheConfig": {"hash_block_size": None, "cache_hit_alignment_tokens": None},

@@ -130,6 +130,12 @@ ELASTIC_TARGETS = (  # the block lifecycle of 0.32-0.33 (0.29-0.31: v0_31.ELASTI
         "leaves its group", "elastic/shutdown", None, ("shutdown",),
     ),
     Target(
+        "vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", ("self", "timeout"),
+        ELASTIC, "elastic: the API server gives its engine core a few seconds to stop its "
+        "workers and leave its group (vLLM's default, --shutdown-timeout 0, kills it at once)",
+        "elastic/engine-processes-shutdown", None, ("shutdown",),
+    ),
+    Target(
         "vllm.v1.engine.core", "generate_scheduler_kv_cache_config", ("kv_cache_configs",),
         ELASTIC, "elastic: every rank's KVCacheConfig, before the scheduler is built",
         "elastic/rank-configs",
