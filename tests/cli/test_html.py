@@ -17,7 +17,9 @@ from kvplan.schemas.loading import load_input, load_plan
 from tests.render.test_render import names_in
 
 runner = CliRunner()
-GOLDEN = GEMMA.parent
+GOLDEN = GEMMA.parents[3] / "examples" / "golden"
+"""The golden examples (``golden check`` re-plans them); the pictures draw ``GEMMA``, a fixed
+copy of vLLM 0.33's plan."""
 
 
 def test_show_html_writes_the_page_and_still_prints_tables(tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ def test_kvplan_creates_the_dump_directory_private_whatever_the_umask(base: Path
 def test_a_sticky_shared_directory_is_usable_but_its_foreign_files_are_not(base: Path) -> None:
     """``/tmp``-style (1777): kvplan's own files there are used; another user's are named."""
     d = base / "shm"
+    write_stats(d, stats(rank=0))  # an engine dumps there: `kvplan limit` writes for it
     assert invoke(["limit", str(d), "8GiB"]).exit_code == 0
     assert isinstance(read_limit(d), LimitRequest)
     if not IS_ROOT:
@@ -193,6 +194,7 @@ def test_the_writer_sets_the_mode_it_means_not_the_replaced_files(base: Path, pl
 def test_a_read_only_planted_file_names_its_owner(base: Path) -> None:
     d = base / "dump"
     d.mkdir(mode=0o700)
+    write_stats(d, stats(rank=0))
     (d / "limit.json").write_text("{}")
     os.chmod(d / "limit.json", 0o444)
     outcome = invoke(["limit", str(d), "8GiB"])
@@ -257,6 +259,7 @@ def test_another_uid_cannot_set_the_limit_through_the_dump_directory(base: Path)
     found = read_limit(shared)
     assert isinstance(found, Diagnostic), found
     assert "uid 65534 (nobody)" in found.message, found.message
+    write_stats(shared, stats(rank=0))  # the operator's engine dumps there
     outcome = invoke(["limit", str(shared), "8GiB"])
     assert_refused(outcome, "KVP428", what="nobody's limit.json")
     assert "uid 65534 (nobody)" in outcome.stderr

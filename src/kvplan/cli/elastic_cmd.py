@@ -26,6 +26,7 @@ from rich.text import Text
 
 from kvplan import units
 from kvplan.cli import _group_view, _limit_targets, _top_page
+from kvplan.cli._dump_dirs import trusted_directory
 from kvplan.cli._output import (
     EXIT_DIFFERENT,
     EXIT_ERROR,
@@ -35,7 +36,6 @@ from kvplan.cli._output import (
     stderr_console,
     stdout_console,
 )
-from kvplan.elastic import trust
 from kvplan.elastic.files import (
     ElasticStats,
     limit_path,
@@ -58,36 +58,6 @@ MAX_ENGINE_CHARS = 48
 """Longest engine id shown in the table (longer ones are cut in the middle)."""
 
 _ZERO = re.compile(r"\s*0+(?:\.0*)?\s*(?:[KMGTPE]?I?B?)?\s*", re.IGNORECASE | re.ASCII)
-
-
-def _directory(path: Path, option: str = "DIR") -> Path:
-    if not path.exists():
-        raise KVPlanError(
-            error(
-                Code.DIRECTORY_MISSING,
-                printable(str(path)),
-                f"{option}: the directory does not exist.",
-                "pass the engines' KVPLAN_DUMP_DIR (create it first)",
-            )
-        )
-    if not path.is_dir():
-        raise KVPlanError(
-            error(
-                Code.DIRECTORY_MISSING,
-                printable(str(path)),
-                f"{option}: this is not a directory.",
-                "pass the engines' KVPLAN_DUMP_DIR, the directory of the rank<N>.stats.json files",
-            )
-        )
-    return path
-
-
-def _trusted(path: Path) -> Path:
-    """``DIR`` as :func:`_directory` checks it, and a directory kvplan takes commands from
-    (:func:`kvplan.elastic.trust.check_directory`, the engines' own check: ``KVP428``)."""
-    _directory(path)
-    trust.check_directory(path, trust.DUMP, create=False)
-    return path
 
 
 def parse_limit_size(text: str, option: str, *, zero_ok: bool = False) -> int:
@@ -192,10 +162,10 @@ def limit_command(
                 "pass a --cache at most SIZE",
             )
         )
-    _directory(directory)
+    trusted_directory(directory)  # commands come from DIR and the engines' directories below
     targets = _limit_targets.find_targets(directory)
-    for folder in targets.folders:  # each engine's own dump directory takes commands: trusted
-        _trusted(folder)
+    for folder in targets.folders:
+        trusted_directory(folder)
     engines = targets.engines
     watching = [e for e in engines if e.status.status not in _limit_targets.GONE]
     below = [e for e in watching if e.stats.floor_bytes is not None and limit < e.stats.floor_bytes]
@@ -642,7 +612,7 @@ def top_command(
                 "pass e.g. --interval 1",
             )
         )
-    _trusted(directory)
+    trusted_directory(directory)
     snapshot = read_stats_tree(directory)
     live = not (json_out or once or html is not None)
     if not snapshot and _group_view.is_group(directory):
