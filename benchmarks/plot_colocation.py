@@ -3,10 +3,11 @@
     python benchmarks/plot_colocation.py RESULTS.json [RESULTS.json ...] -o docs/img/colocation.svg
 
 Reads the JSON ``bench_colocation.py --json`` writes (one or more files; each run is an engine
-count) and draws, per engine count, the median over engines, seeds and rounds of each arm's
-p99 TTFT divided by vanilla-split's in the same round (the ratio ``bench_colocation`` tables
-give per engine), with the range of those ratios as a bar and the ideal of a shared budget
-whose bursts take turns, 1/N, as a mark. Needs matplotlib (``pip install 'kvplan[plot]'``).
+count) and draws, per engine count, the median over engines, seeds and repetitions
+(``--rounds``) of each arm's p99 TTFT divided by vanilla-split's in the same repetition (the ratio
+``bench_colocation`` tables give per engine), with the range of those ratios as a bar and the
+ideal of a shared budget whose bursts take turns, 1/N, as a mark. Needs matplotlib
+(``pip install 'kvplan[plot]'``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import vllm_cache
-from harness.engine.harness import ENGINE_PTHS, ENTRY_POINTS, ROOT, Report, _locked
+from harness.engine.harness import ENGINE_PTHS, ENTRY_POINTS, ROOT, Report, _locked, _run
 
 
 @dataclass(frozen=True)
@@ -96,23 +96,6 @@ def _stamp_wanted(release: Release) -> dict[str, Any]:
     }
 
 
-def _run(command: list[str], what: str, report: Report, cwd: Path, timeout: float) -> str:
-    report(f"vLLM venv: {what} ...")
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise VllmVenvError(f"{what}: timed out after {timeout:.0f} s") from exc
-    output = (done.stdout or "") + (done.stderr or "")
-    if done.returncode != 0:
-        tail = "\n".join(output.splitlines()[-40:])
-        raise VllmVenvError(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
-    report(f"vLLM venv: {what} done in {time.perf_counter() - started:.0f} s")
-    return output
-
-
 _PROBE = """
 import importlib.metadata as m, json, sysconfig
 def v(n):
@@ -158,7 +141,8 @@ def ensure_vllm_venv(release: str, report: Report = print) -> Path:
         into = ("--python", str(python))
 
         def step(command: list[str], what: str, timeout: float = 1800) -> str:
-            return _run(command, f"{wanted.key}: {what}", report, ROOT, timeout)
+            what = f"{wanted.key}: {what}"
+            return _run(command, what, report, timeout, label="vLLM venv", error=VllmVenvError)
 
         if not python.is_file():
             step([*uv, "venv", "--no-config", "--python", sys.executable, str(venv)], "venv")

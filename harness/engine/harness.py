@@ -222,20 +222,29 @@ def _locked(venv: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run(command: list[str], what: str, report: Report, timeout: float = 1800) -> str:
-    report(f"engine venv: {what} ...")
+def _run(
+    command: list[str],
+    what: str,
+    report: Report,
+    timeout: float = 1800,
+    *,
+    label: str = "engine venv",
+    error: type[Exception] = EngineEnvError,
+) -> str:
+    """Run one build step in the repository root; its output, or ``error`` with its tail."""
+    report(f"{label}: {what} ...")
     started = time.perf_counter()
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False
         )
     except subprocess.TimeoutExpired as exc:
-        raise EngineEnvError(f"{what}: timed out after {timeout:.0f} s") from exc
+        raise error(f"{what}: timed out after {timeout:.0f} s") from exc
     output = (done.stdout or "") + (done.stderr or "")
     if done.returncode != 0:
         tail = "\n".join(output.splitlines()[-40:])
-        raise EngineEnvError(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
-    report(f"engine venv: {what} done in {time.perf_counter() - started:.0f} s")
+        raise error(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
+    report(f"{label}: {what} done in {time.perf_counter() - started:.0f} s")
     return output
 
 

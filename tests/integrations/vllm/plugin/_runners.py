@@ -80,8 +80,9 @@ def via_v1(case: ModelCase, runner: Any = None, config: Any = None) -> Result:
     return dict(kv), runner
 
 
-def via_v2(case: ModelCase, config: Any = None) -> Result:
-    """The V2 runner's ``init_kv_cache``, called by the name the V2 runner uses."""
+def via_v2(case: ModelCase, config: Any = None, **keywords: Any) -> Result:
+    """The V2 runner's ``init_kv_cache``, called by the name the V2 runner uses (``keywords``:
+    its keyword-only arguments, e.g. 0.34's ``allocate``)."""
     import inspect
 
     import vllm.v1.worker.gpu.model_runner as v2
@@ -97,6 +98,7 @@ def via_v2(case: ModelCase, config: Any = None) -> Result:
         CPU,
         list(case.kernel_block_sizes),
         case.vllm_config,
+        **keywords,
     )
     return dict(kv), None
 

@@ -13,17 +13,47 @@ refused, never bound behind vLLM's back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from kvplan.schemas.errors import KVPlanError
 from tests.integrations.vllm.plugin._models import ModelCase
+from tests.integrations.vllm.plugin._runners import via_v2
 
 pytestmark = pytest.mark.vllm
 
 MODES = {"eager": "torch", "elastic": "host-vmm"}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def kvplan_log() -> Iterator[list[str]]:
+    """What kvplan's logger says during the test, read from ``vllm.kvplan`` itself. vLLM 0.34's
+    ``create_engine_config`` configures vLLM's loggers the first time a process builds a config
+    (``propagate=False`` on ``vllm``; ``dictConfig`` resets its children's handlers), so one
+    config is built first and the handler attached after."""
+    _config(False)  # vLLM's logging configured now, not in the middle of the test
+    logger = logging.getLogger("vllm.kvplan")
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 LINE = "extensible KV cache is off: kvplan binds"
 
 
@@ -50,14 +80,13 @@ def test_vanilla_vllm_turns_it_on_by_default() -> None:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_default_is_turned_off_with_a_line(
-    mode: str, load_plugin: Callable[..., None], caplog: pytest.LogCaptureFixture
+    mode: str, load_plugin: Callable[..., None], kvplan_log: list[str]
 ) -> None:
     load_plugin(MODES[mode], mode=mode)
-    with caplog.at_level(logging.INFO, logger="vllm.kvplan"):
-        config = _config(None)
+    config = _config(None)
     assert config.cache_config.enable_extensible_kv_cache is False
-    lines = [r.getMessage() for r in caplog.records if LINE in r.getMessage()]
-    assert len(lines) == 1, caplog.text
+    lines = [line for line in kvplan_log if LINE in line]
+    assert len(lines) == 1, kvplan_log
     assert f"KVPLAN_MODE={mode}" in lines[0]
     assert "--no-enable-extensible-kv-cache" in lines[0]
 
@@ -77,13 +106,12 @@ def test_explicitly_on_is_refused(mode: str, load_plugin: Callable[..., None]) -
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_explicitly_off_says_nothing(
-    mode: str, load_plugin: Callable[..., None], caplog: pytest.LogCaptureFixture
+    mode: str, load_plugin: Callable[..., None], kvplan_log: list[str]
 ) -> None:
     load_plugin(MODES[mode], mode=mode)
-    with caplog.at_level(logging.INFO, logger="vllm.kvplan"):
-        config = _config(False)
+    config = _config(False)
     assert config.cache_config.enable_extensible_kv_cache is False
-    assert LINE not in caplog.text
+    assert not any(LINE in line for line in kvplan_log), kvplan_log  # same capture as above
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -95,9 +123,9 @@ def test_the_binding_of_a_config_with_it_off_is_kvplans_and_verified(
     from kvplan.integrations.vllm import plugin
 
     case = model_case("llama")
-    vanilla = _init_kv_cache(case)
+    vanilla, _ = via_v2(case)
     load_plugin(MODES[mode], mode=mode)
-    ours = _init_kv_cache(case)
+    ours, _ = via_v2(case)
     assert _shapes(ours) == _shapes(vanilla)
     (cache,) = plugin.bound_caches()
     assert cache.mode == mode
@@ -120,27 +148,11 @@ def test_an_allocation_that_brings_vllms_allocator_is_refused(
         raise AssertionError("vLLM's allocator must not be called")
 
     with pytest.raises(KVPlanError) as raised:
-        _init_kv_cache(case, allocate=allocate)
+        via_v2(case, allocate=allocate)
     assert raised.value.diagnostics[0].code.value in ("KVP501", "KVP508")
     assert any(d.code.value == "KVP508" for d in raised.value.diagnostics)
     assert not plugin.bound_caches()
     assert plugin.stats()["refused"] == 1
-
-
-def _init_kv_cache(case: ModelCase, **extra: Any) -> dict[str, Any]:
-    import torch
-    import vllm.v1.worker.gpu.model_runner as v2
-
-    return dict(
-        v2.init_kv_cache(
-            case.forward_context,
-            case.runner_config(),
-            torch.device("cpu"),
-            list(case.kernel_block_sizes),
-            case.vllm_config,
-            **extra,
-        )
-    )
 
 
 def _shapes(kv: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -114,8 +114,8 @@ def v1_tensors(runtime: Runtime, call: Call) -> Any:
 
 
 def v2_init_reading(sharing_map: str) -> Handler:
-    """The handler of a V2 ``init_kv_cache`` whose sharing map is the ``READ`` target
-    ``sharing_map`` (a qualname, or the full name where two modules define it)."""
+    """The handler of a V2 ``init_kv_cache`` whose sharing map is the ``READ`` target named
+    ``sharing_map`` (its full name: 0.34 defines one in the GPU and one in the CPU build)."""
 
     def v2_init(runtime: Runtime, call: Call) -> Any:
         """V2 ``init_kv_cache``: the sharing map is ``get_shared_kv_cache_layers(vllm_config)``."""
@@ -140,7 +140,7 @@ def v2_init_reading(sharing_map: str) -> Handler:
     return v2_init
 
 
-v2_init = v2_init_reading("get_shared_kv_cache_layers")
+v2_init = v2_init_reading("vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers")
 
 
 def allocate_without_allocator(runtime: Runtime, call: Call) -> Any:
@@ -207,7 +207,6 @@ HANDLERS: Mapping[str, Handler] = {
     "runner-entry": runner_entry,
     "v1-tensors": v1_tensors,
     "v2-init": v2_init,
-    "v2-init/gpu": v2_init_reading("vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers"),
     "v2-init/cpu": v2_init_reading("vllm.v1.worker.cpu.attn_utils.get_shared_kv_cache_layers"),
     "allocate/no-allocator": allocate_without_allocator,
     "runner-entry/not-extensible": runner_entry_not_extensible,

@@ -315,9 +315,9 @@ class Runtime:
         self._readers = dict(readers)
         self._unpatched = unpatched
 
-    def read(self, qualname: str) -> Callable[..., Any]:
-        """The vLLM function behind one of the adapter's ``READ`` targets."""
-        return self._readers[qualname]
+    def read(self, name: str) -> Callable[..., Any]:
+        """The vLLM function behind one of the adapter's ``READ`` targets (its full name)."""
+        return self._readers[name]
 
     def refuse(self, error: KVPlanError) -> KVPlanError:
         """Count a refusal; return it for raising, led by ``KVP501`` (``refusals.led``) and

@@ -104,12 +104,7 @@ def _activate() -> None:
         raise announce(refusals.plugin_refused(version, found.problems))
     if not settings.enabled or adapter is None:
         return
-    readers = {
-        key: r.value
-        for r in found.resolved
-        if not r.target.patched
-        for key in (r.target.qualname, r.target.name)
-    }
+    readers = {r.target.name: r.value for r in found.resolved if not r.target.patched}
     runtime = Runtime(settings, mode, adapter, version, readers=readers, unpatched=_unpatched_sites)
     state = _State(runtime)
     try:

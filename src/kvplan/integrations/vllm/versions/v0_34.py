@@ -36,16 +36,16 @@ Compared from the released wheel's sources against 0.33 (see docs/integration.md
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from kvplan.integrations.vllm.versions import v0_33
 from kvplan.integrations.vllm.versions._adapter import (
     ALLOCATE,
     CONFIG,
-    HISPARSE,
     PLACEMENT,
     READ,
     RUNNER,
-    STEP,
     TENSORS,
     V2,
     EngineCorePlanning,
@@ -65,9 +65,18 @@ _CPU_V2_INIT = (
     "forward_context", "kv_cache_config", "device", "kernel_block_sizes", "vllm_config",
     "kv_cache_allocation_context", "*attn_groups",
 )  # fmt: skip
-GPU_SHARED = "vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers"
-CPU_SHARED = "vllm.v1.worker.cpu.attn_utils.get_shared_kv_cache_layers"
 _CPU_RUNNER = "vllm.v1.worker.cpu.standalone_model_runner"
+_CPU_UTILS = "vllm.v1.worker.cpu.attn_utils"
+_0_33 = {t.name: t for t in v0_33.TARGETS}
+
+
+def _as_in_0_33(name: str, **changes: Any) -> Target:
+    """0.33's declaration of target ``name`` with what 0.34 changed."""
+    return dataclasses.replace(_0_33[name], **changes)
+
+
+_V2_CALLS = ("allocate_kv_cache", "bind_kv_caches")
+"""0.34's V2 ``init_kv_cache`` aliases in ``bind_kv_caches`` (0.33: its own loop)."""
 
 TARGETS = (
     Target(
@@ -75,45 +84,36 @@ TARGETS = (
         "vLLM's extensible KV cache: off by default with kvplan (a start-up line says so), "
         "refused when asked for", "extensible-kv-cache",
     ),
-    Target(
-        "vllm.v1.worker.utils", "allocate_kv_cache", _ALLOC, ALLOCATE,
-        "the single KV-cache allocation point (definition)", "allocate/no-allocator",
+    _as_in_0_33(
+        "vllm.v1.worker.utils.allocate_kv_cache", params=_ALLOC, handler="allocate/no-allocator"
+    ),
+    _as_in_0_33(
+        "vllm.v1.worker.gpu.attn_utils.allocate_kv_cache",
+        params=_ALLOC, handler="allocate/no-allocator",
     ),
     Target(
-        "vllm.v1.worker.gpu.attn_utils", "allocate_kv_cache", _ALLOC, ALLOCATE,
-        "imported by name by the V2 runner's init_kv_cache", "allocate/no-allocator", V2,
-    ),
-    Target(
-        "vllm.v1.worker.cpu.attn_utils", "allocate_kv_cache", _ALLOC, ALLOCATE,
+        _CPU_UTILS, "allocate_kv_cache", _ALLOC, ALLOCATE,
         "imported by name by the CPU build's init_kv_cache", "allocate/no-allocator", V2,
     ),
-    Target(
-        "vllm.v1.hisparse.binding", "allocate_kv_cache", _ALLOC, HISPARSE,
-        "imported by name by HiSparse (refused: kvplan does not plan HiSparse)",
-        "refuse-hisparse",
-    ),
-    Target(
-        "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.initialize_kv_cache", _INIT, RUNNER,
-        "V2 runner entry (the x86 CPU runner's too): owner of the cache, is_profiling; "
-        "extensible=True is refused", "runner-entry/not-extensible", V2, ("init_kv_cache",),
+    _as_in_0_33("vllm.v1.hisparse.binding.allocate_kv_cache", params=_ALLOC),
+    _as_in_0_33(
+        "vllm.v1.worker.gpu.model_runner.GPUModelRunner.initialize_kv_cache",
+        params=_INIT, handler="runner-entry/not-extensible",
+        why="V2 runner entry (the x86 CPU runner's too): owner of the cache, is_profiling; "
+        "extensible=True is refused",
     ),
     Target(
         _CPU_RUNNER, "StandaloneCPUModelRunner.initialize_kv_cache", _CPU_INIT, RUNNER,
         "the standalone CPU runner's entry (non-x86 CPUs): owner of the cache, is_profiling",
         "runner-entry", V2, ("init_kv_cache",),
     ),
-    Target(
-        "vllm.v1.worker.gpu.attn_utils", "init_kv_cache", _V2_INIT, TENSORS,
-        "V2: allocate, then bind_kv_caches (the alias step); vLLM's dict is checked",
-        "v2-init/gpu", V2, ("allocate_kv_cache", "bind_kv_caches"),
+    _as_in_0_33(
+        "vllm.v1.worker.gpu.attn_utils.init_kv_cache", params=_V2_INIT, calls=_V2_CALLS,
+        why="V2: allocate, then bind_kv_caches (the alias step); vLLM's dict is checked",
     ),
+    _as_in_0_33("vllm.v1.worker.gpu.model_runner.init_kv_cache", params=_V2_INIT, calls=_V2_CALLS),
     Target(
-        "vllm.v1.worker.gpu.model_runner", "init_kv_cache", _V2_INIT, TENSORS,
-        "imported by name by the V2 runner", "v2-init/gpu", V2,
-        ("allocate_kv_cache", "bind_kv_caches"),
-    ),
-    Target(
-        "vllm.v1.worker.cpu.attn_utils", "init_kv_cache", _CPU_V2_INIT, TENSORS,
+        _CPU_UTILS, "init_kv_cache", _CPU_V2_INIT, TENSORS,
         "the CPU build's init_kv_cache: allocate, alias loop, bind; vLLM's dict is checked",
         "v2-init/cpu", V2, ("allocate_kv_cache", "get_shared_kv_cache_layers"),
     ),
@@ -122,19 +122,12 @@ TARGETS = (
         "imported by name by the standalone CPU runner", "v2-init/cpu", V2,
         ("allocate_kv_cache", "get_shared_kv_cache_layers"),
     ),
+    _as_in_0_33("vllm.v1.worker.gpu.attn_utils.get_shared_kv_cache_layers"),
     Target(
-        "vllm.v1.worker.gpu.attn_utils", "get_shared_kv_cache_layers", ("vllm_config",), READ,
-        "the V2 sharing map (read, not patched)",
-    ),
-    Target(
-        "vllm.v1.worker.cpu.attn_utils", "get_shared_kv_cache_layers", ("vllm_config",), READ,
+        _CPU_UTILS, "get_shared_kv_cache_layers", ("vllm_config",), READ,
         "the CPU build's sharing map (read, not patched)",
     ),
-    Target(
-        "vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output"),
-        STEP, "a worker's step: the KV caches vLLM holds are still kvplan's (elastic: every "
-        "rank maps the step's blocks first)", "step", None, ("execute_model",),
-    ),
+    _as_in_0_33("vllm.v1.worker.gpu_worker.Worker.execute_model"),
 )  # fmt: skip
 
 
