@@ -234,18 +234,29 @@ def install_redraw(seed: int, gain: float) -> None:
     DummyModelLoader.load_weights = load_weights  # type: ignore[method-assign]
 
 
-def _break_binding(kind: str, caches: dict[str, Any], forward_context: dict[str, Any]) -> None:
-    """Change which tensor layers are given (in place); vLLM's returned dict stays intact."""
+def _break_binding(
+    kind: str, caches: dict[str, Any], forward_context: dict[str, Any], target_layers: int
+) -> None:
+    """Change which tensor layers are given (in place); vLLM's returned dict stays intact.
+
+    ``target_layers``: the target model's layer count; a drafter's layers (a draft model's,
+    named ``draft_model.*``, or an EAGLE head's, numbered after the target's) are left alone
+    by ``swap`` and ``private-sharers`` and are the only ones ``swap-draft`` breaks."""
     import torch
 
-    names = sorted(caches, key=_layer_index)
+    drafter = [name for name in caches if _is_drafter(name, target_layers)]
+    names = sorted(
+        (n for n in caches if (n in drafter) == (kind == "swap-draft")), key=_layer_index
+    )
     sharers = [
         name
         for name in names
         if getattr(forward_context.get(name), "kv_sharing_target_layer_name", None)
     ]
-    if kind == "swap":  # the last KV-owning layer is given the cache of an earlier one
+    if kind in ("swap", "swap-draft"):  # the last KV-owning layer is given an earlier one's
         owners = [name for name in names if name not in sharers]
+        if not owners:
+            raise SystemExit(f"driver: break={kind} but the engine has no such layers")
         last = owners[-1]
         donors = [
             name
@@ -254,7 +265,7 @@ def _break_binding(kind: str, caches: dict[str, Any], forward_context: dict[str,
             and caches[name].data_ptr() != caches[last].data_ptr()
         ]
         if not donors:
-            raise SystemExit("driver: break=swap but no two KV-owning layers share a shape")
+            raise SystemExit(f"driver: break={kind} but no two KV-owning layers share a shape")
         caches[last] = caches[donors[-1]]
     elif kind == "private-sharers":  # KV-sharing layers get private, empty caches
         if not sharers:
@@ -265,12 +276,17 @@ def _break_binding(kind: str, caches: dict[str, Any], forward_context: dict[str,
         raise SystemExit(f"driver: unknown break {kind!r}")
 
 
+def _is_drafter(name: str, target_layers: int) -> bool:
+    """Whether layer ``name`` is a speculative drafter's (see :func:`_break_binding`)."""
+    return name.startswith("draft_model.") or _layer_index(name) >= target_layers
+
+
 def _layer_index(name: str) -> int:
     digits = [int(part) for part in name.split(".") if part.isdigit()]
     return digits[0] if digits else -1
 
 
-def install_break(kind: str | None) -> None:
+def install_break(kind: str | None, target_layers: int = 1 << 30) -> None:
     """Wrap the V1 runner's ``bind_kv_cache`` so layers get broken tensors (``None``: undo).
 
     vLLM 0.32+ binds the layers to ``layer_kv_caches`` (kernel-block views) when given; 0.29
@@ -292,7 +308,7 @@ def install_break(kind: str | None) -> None:
     def broken(kv_caches: Any, forward_context: Any, runner_kv_caches: Any, *a: Any, **kw: Any):
         layer_caches = kw.get("layer_kv_caches")
         caches = dict(layer_caches if layer_caches is not None else kv_caches)
-        _break_binding(kind, caches, forward_context)
+        _break_binding(kind, caches, forward_context, target_layers)
         if not layer_views:
             return bind(caches, forward_context, runner_kv_caches, *a, **kw)
         kw["layer_kv_caches"] = caches
@@ -300,6 +316,12 @@ def install_break(kind: str | None) -> None:
 
     broken.__driver_original__ = bind  # type: ignore[attr-defined]
     gpu_model_runner.bind_kv_cache = broken
+
+
+def target_layer_count(model: str) -> int:
+    """The target model's layer count (``num_hidden_layers`` of its ``config.json``)."""
+    with open(os.path.join(model, "config.json")) as handle:
+        return int(json.load(handle)["num_hidden_layers"])
 
 
 def install_reported_map_failure(on: bool) -> None:
@@ -380,6 +402,31 @@ def generate_pinned(llm: Any, prompts: list[Any], params: Any) -> list[Any]:
 
 
 _PINNED = itertools.count()
+
+
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+"""vLLM's own speculative-decoding counters, read around a variant's ``generate`` when its
+engine decodes speculatively (with ``disable_log_stats=False``)."""
+
+
+def counters(llm: Any, engine: dict[str, Any]) -> dict[str, float]:
+    """The engine's :data:`SPEC_COUNTERS` now (none for an engine without a draft or stats)."""
+    if not engine.get("speculative_config") or engine.get("disable_log_stats", True):
+        return {}
+    return {name: metric(llm, name) or 0.0 for name in SPEC_COUNTERS}
+
+
+def lora_request(folder: str | None) -> Any:
+    """vLLM's request for the LoRA adapter in ``folder`` (``None``: no adapter)."""
+    if not folder:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest("adapter", 1, folder)
 
 
 def shut_down(llm: Any) -> None:
@@ -468,7 +515,7 @@ def _run_variant(
             plugin.register()
 
     if not multiprocess:
-        install_break(variant.get("break"))
+        install_break(variant.get("break"), target_layer_count(job["model"]))
         install_reported_map_failure(bool(variant.get("reported_map_failure")))
     if variant.get("expect_refusal"):  # the plugin may refuse as it registers, or vLLM later
 
@@ -483,12 +530,16 @@ def _run_variant(
     startup_s = time.perf_counter() - started
     if variant.get("rebind_after_start"):
         return _rebound(variant, llm, job)
-    redrawn = _REDRAWN.pop() if _REDRAWN else 0
-    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=True)
+    redrawn = sum(_REDRAWN)  # the target's parameters, and a draft model's
+    _REDRAWN.clear()
+    max_tokens = int(variant.get("max_tokens") or job["max_tokens"])
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    lora = lora_request(variant.get("lora"))
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in job["prompts"]]
     tokens, cached = [], []
     started = time.perf_counter()
     preempted = (metric(llm, "vllm:num_preemptions") or 0) if multiprocess else _PREEMPTIONS[0]
+    counted = counters(llm, engine)
     rounds = []
     timers: dict[str, dict[str, float]] = {}
     timed = bool(job.get("step_timers")) and not multiprocess
@@ -500,7 +551,7 @@ def _run_variant(
             outputs = generate_pinned(llm, batch, params)
         else:
             with step_timers(timers) if timed else nullcontext():
-                outputs = llm.generate(batch, params, use_tqdm=False)
+                outputs = llm.generate(batch, params, use_tqdm=False, lora_request=lora)
         for i, out in zip(group, outputs, strict=True):
             tokens.append((i, list(out.outputs[0].token_ids)))
             cached.append((i, int(out.num_cached_tokens or 0)))
@@ -535,6 +586,7 @@ def _run_variant(
         "handler_timers": handled,
         "multiprocessing": multiprocess,
         "driver_pid": os.getpid(),
+        "counters": {k: v - counted.get(k, 0.0) for k, v in counters(llm, engine).items()},
     }
     if multiprocess or not _collected_llm_shuts_down():
         shut_down(llm)

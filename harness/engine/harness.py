@@ -409,6 +409,11 @@ class Variant:
     """Once the engine has started (kvplan bound and checked its caches), the driver swaps the
     caches of the first and last attention layers of the forward context, as a misbehaving
     connector or plugin might; the driver records whether the first step was refused."""
+    lora: str | None = None
+    """A LoRA adapter's folder: every prompt is generated with it (the engine needs
+    ``enable_lora``)."""
+    max_tokens: int | None = None
+    """Tokens generated per prompt, when not the job's."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -420,6 +425,8 @@ class Variant:
             "idle_step": self.idle_step,
             "reported_map_failure": self.reported_map_failure,
             "rebind_after_start": self.rebind_after_start,
+            "lora": self.lora,
+            "max_tokens": self.max_tokens,
         }
 
 

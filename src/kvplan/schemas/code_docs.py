@@ -228,6 +228,12 @@ CODE_DOCS: dict[Code, tuple[str, str]] = {
         "drop `--enable-extensible-kv-cache` (with kvplan on, it is turned off at start-up), "
         "or run without kvplan",
     ),
+    Code.FEATURE_REFUSED: (
+        "a vLLM feature kvplan cannot bind beside yet is on (sleep mode: vLLM's CuMem "
+        "allocator must own the KV cache's memory); the message names it",
+        "drop the feature's flag, or run without kvplan (the feature table: "
+        "guides/features.md)",
+    ),
     Code.REMOTE_CODE_REQUIRED: (
         "the model needs its own code",
         "add `--trust-remote-code` if you trust it",

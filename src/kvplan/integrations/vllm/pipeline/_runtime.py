@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvplan.integrations.vllm.pipeline import _watch, refusals
+from kvplan.integrations.vllm.pipeline import _watch, features, refusals
 from kvplan.integrations.vllm.pipeline._lifetime import discard, keep, release_owner
 from kvplan.integrations.vllm.pipeline.announce import announce
 from kvplan.integrations.vllm.pipeline.settings import Settings
@@ -433,6 +433,7 @@ class Runtime:
         """Run a runner's entry in a context (owner, ``is_profiling``); no bypass allowed.
         Once vLLM's runner is done binding, note what it and its layers hold (``_watch``)."""
         runner = call.target.runner or "unknown"
+        self._refuse_features(call.site, context.get("vllm_config"))
         with _enter(call.site, runner=runner, **context) as ctx:
             result = call.run()
         if not ctx.records:
@@ -473,6 +474,7 @@ class Runtime:
         """Run ``call`` in a context; then demand a kvplan allocation and check vLLM's dict
         (its alias loop included) against the plan."""
         runner = call.target.runner or "unknown"
+        self._refuse_features(call.site, context.get("vllm_config"))
         with _enter(call.site, runner=runner, **context) as ctx:
             before = len(ctx.records)
             result = call.run()
@@ -492,6 +494,15 @@ class Runtime:
                     refusals.bind_refused(exc.diagnostics, where, self.vllm_version)
                 ) from None
         return result
+
+    def _refuse_features(self, site: str, vllm_config: Any) -> None:
+        """``KVP509`` before anything is bound: a feature of the engine's config that kvplan
+        cannot bind beside yet (``features``: sleep mode)."""
+        if vllm_config is None:
+            return
+        problems = features.refusals(vllm_config, site)
+        if problems:
+            raise self.refuse(KVPlanError(problems))
 
     def bypassed(self, site: str, runner: str) -> KVPlanError:
         self.stats["bypassed"] += 1
