@@ -6,7 +6,9 @@
 ``settings.md`` from :data:`kvplan.settings.SETTINGS`, ``codes.md`` from
 :class:`kvplan.schemas.errors.Code` and :data:`kvplan.schemas.code_docs.CODE_DOCS`,
 ``commands.md`` from the command line's typer application (every command, its arguments and
-options, as ``--help`` shows them). ``tests/test_reference_docs.py`` runs the check.
+options, as ``--help`` shows them). ``tests/test_reference_docs.py`` runs the check. The
+feature table of ``docs/integration.md`` (between its markers) is written from
+:func:`kvplan.integrations.vllm.pipeline.features.markdown_table` too.
 """
 
 from __future__ import annotations
@@ -106,6 +108,15 @@ def commands_page() -> str:
 
 
 PAGES = {"settings.md": settings_page, "codes.md": codes_page, "commands.md": commands_page}
+GUIDE = ROOT / "docs" / "integration.md"
+
+
+def with_feature_table(text: str) -> str:
+    """``text`` (the integration guide) with its feature table replaced by the generated one."""
+    from kvplan.integrations.vllm.pipeline.features import TABLE_BEGIN, TABLE_END, markdown_table
+
+    start, end = text.index(TABLE_BEGIN), text.index(TABLE_END) + len(TABLE_END)
+    return text[:start] + markdown_table() + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
+    guide = GUIDE.read_text(encoding="utf-8")
+    if with_feature_table(guide) != guide:
+        if args.check:
+            stale.append(str(GUIDE))
+        elif args.out.resolve() == OUT.resolve():  # the docs themselves, not a copy elsewhere
+            GUIDE.write_text(with_feature_table(guide), encoding="utf-8")
     for path in stale:
         print(f"{path} is stale: run python tools/gen_reference.py", file=sys.stderr)
     return 1 if stale else 0

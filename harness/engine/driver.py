@@ -318,6 +318,24 @@ def install_break(kind: str | None, target_layers: int = 1 << 30) -> None:
     gpu_model_runner.bind_kv_cache = broken
 
 
+def scramble_store(source: str, engine: dict[str, Any]) -> None:
+    """Copy an ExampleConnector store into the folder ``engine``'s connector reads, every
+    saved tensor negated (what a consumer loads from it is then wrong)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    extra = engine["kv_transfer_config"]["kv_connector_extra_config"]
+    target = extra["shared_storage_path"]
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    for folder, _, files in os.walk(target):
+        for name in files:
+            if name.endswith(".safetensors"):
+                path = os.path.join(folder, name)
+                save_file({k: -v for k, v in load_file(path).items()}, path)
+
+
 def target_layer_count(model: str) -> int:
     """The target model's layer count (``num_hidden_layers`` of its ``config.json``)."""
     with open(os.path.join(model, "config.json")) as handle:
@@ -514,6 +532,8 @@ def _run_variant(
             plugin.unregister()
             plugin.register()
 
+    if variant.get("scramble_from"):
+        scramble_store(variant["scramble_from"], engine)
     if not multiprocess:
         install_break(variant.get("break"), target_layer_count(job["model"]))
         install_reported_map_failure(bool(variant.get("reported_map_failure")))

