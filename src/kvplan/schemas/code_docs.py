@@ -231,8 +231,7 @@ CODE_DOCS: dict[Code, tuple[str, str]] = {
     Code.FEATURE_REFUSED: (
         "a vLLM feature kvplan cannot bind beside yet is on (sleep mode: vLLM's CuMem "
         "allocator must own the KV cache's memory); the message names it",
-        "drop the feature's flag, or run without kvplan (the feature table: "
-        "guides/features.md)",
+        "drop the feature's flag, or run without kvplan (the feature table: guides/features.md)",
     ),
     Code.REMOTE_CODE_REQUIRED: (
         "the model needs its own code",
