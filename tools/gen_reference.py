@@ -95,7 +95,8 @@ def commands_page() -> str:
         usage = " ".join([*path, *arguments])
         helptext = (command.help or "").split("\n\n")[0]
         out.append(f"\n## `kvplan {' '.join(path)}`\n\n{_cell(helptext)}\n\n")
-        out.append(f"```\nkvplan {usage} [OPTIONS]\n```\n")
+        tail = "".join(f" {piece}" for piece in getattr(command, "usage_tail", ()))
+        out.append(f"```\nkvplan {usage} [OPTIONS]{tail}\n```\n")
         options = [p for p in command.params if p.param_type_name == "option" and not p.hidden]
         if options:
             out.append("\n| option | meaning |\n|---|---|\n")

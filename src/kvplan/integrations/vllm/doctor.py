@@ -3,26 +3,35 @@
 Nothing is patched. vLLM is imported (its runner modules too, to read the signatures of
 the patch targets); no CUDA context is created. Every backend the plugin can bind with (the
 executor's registry, ``backend_names(plugin=True)``) is probed with its ``available()``.
+With the ``vllm serve`` arguments the user will start vLLM with, vLLM's own parser reads them
+and the features they turn on are named (``pipeline/features.py``); a refused one is
+``KVP509`` here already.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
+import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 from kvplan.executor.backends import backend_class, backend_names
 from kvplan.integrations.vllm import versions
+from kvplan.integrations.vllm.pipeline import features
 from kvplan.integrations.vllm.plugin import preflight
-from kvplan.schemas.errors import Code, Diagnostic, error, warning
+from kvplan.schemas.errors import Code, Diagnostic, error, printable, warning
 
 GROUP = "vllm.general_plugins"
 NAME = "kvplan"
 ENTRY_POINT = "kvplan.integrations.vllm.plugin:register"
 INSTALL_HINT = "pip install 'kvplan[vllm]'"
+VLLM_ARGS = "vLLM arguments"
+"""Where a problem with the ``vllm serve`` arguments given after ``--`` is reported."""
 
 
 @dataclass
@@ -49,6 +58,10 @@ class Report:
     """The other general plugins vLLM would load, loaded here first as vLLM would."""
     floor: dict[str, Any] | None = None
     """With ``--model``: the model's elastic floor (``kvplan doctor --model``)."""
+    vllm_args: list[str] | None = None
+    """The ``vllm serve`` arguments given after ``--`` (None: none given)."""
+    features: list[dict[str, Any]] = field(default_factory=list)
+    """The features of ``pipeline/features.py`` those arguments turn on."""
     problems: list[Diagnostic] = field(default_factory=list)
 
     @property
@@ -98,6 +111,8 @@ class Report:
             "environment": self.environment,
             "other_plugins": self.other_plugins,
             "floor": self.floor,
+            "vllm_args": self.vllm_args,
+            "features": self.features,
             "backend": {
                 "name": self.settings.get("backend"),
                 "available": self.backend_available,
@@ -317,18 +332,147 @@ def model_floor(
     return out, elastic_limit_too_small(limit, floor).diagnostics[0]
 
 
+class _Refused(Exception):
+    """vLLM's parser refused the arguments (what its ``error()`` would print)."""
+
+
+def _serve_parser() -> Any:
+    """``vllm serve``'s own argument parser (the server's options, the engine's, a model
+    positional), without ``--help``: a help request is an unknown argument here, not a page
+    printed in the middle of the report."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    for module in (
+        "vllm.entrypoints.common.cli_args",  # 0.34
+        "vllm.entrypoints.launchers.cli_args",  # 0.29-0.33
+    ):
+        with contextlib.suppress(ImportError):
+            make_arg_parser = importlib.import_module(module).make_arg_parser
+            break
+    else:
+        raise _Refused("this vLLM has no `vllm serve` argument parser where kvplan looks")
+    parser = FlexibleArgumentParser(prog="vllm serve", add_help=False)
+    parser = make_arg_parser(parser)
+
+    def refuse(message: str) -> Any:
+        raise _Refused(message)
+
+    parser.error = refuse  # argparse reports through error(): print the usage, then exit
+    return parser
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's text on one line, without pydantic's links."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith("For further information")]
+    return " ".join(kept) or type(exc).__name__
+
+
+def _check_cache_dtype(fields: Mapping[str, Any]) -> None:
+    """vLLM 0.34's parser takes any ``--kv-cache-dtype`` (a platform may register its own);
+    its ``CacheConfig`` refuses an unknown one when the engine starts: check it as vLLM will."""
+    dtype = fields.get("kv_cache_dtype")
+    if dtype is None:
+        return
+    from vllm.config import CacheConfig
+    from vllm.platforms import current_platform  # noqa: F401  (registers its own dtypes)
+
+    try:
+        CacheConfig(cache_dtype=dtype)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        errors = getattr(exc, "errors", None)
+        found = [str(e.get("msg", "")) for e in errors()] if callable(errors) else []
+        said = " ".join(found).removeprefix("Value error, ") or _reason(exc)
+        raise _Refused(f"argument --kv-cache-dtype: {printable(said, 240)}") from exc
+
+
+def engine_fields(argv: Sequence[str]) -> dict[str, Any]:
+    """The ``EngineArgs`` fields ``vllm serve ARGV`` sets, read by vLLM's own parser, as
+    ``EngineArgs.from_cli_args`` hands them to ``EngineArgs`` (a positional model is
+    ``model``, as ``vllm serve`` takes it). ``EngineArgs`` itself is not built: its
+    ``__post_init__`` loads vLLM's general plugins (kvplan's ``register()`` among them) and,
+    offline, resolves the model. Raises :class:`_Refused` with what vLLM's parser says."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    noise = io.StringIO()
+    with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
+        try:
+            namespace = _serve_parser().parse_args(list(argv))
+        except SystemExit as exc:  # a parser path that exits without calling error()
+            said = [line for line in noise.getvalue().splitlines() if line.strip()]
+            raise _Refused(said[-1] if said else f"vLLM's parser exited ({exc.code})") from None
+    if getattr(namespace, "model_tag", None) is not None:
+        namespace.model = namespace.model_tag
+    found = {
+        f.name: getattr(namespace, f.name)
+        for f in dataclasses.fields(EngineArgs)
+        if hasattr(namespace, f.name)
+    }
+    _check_cache_dtype(found)
+    return found
+
+
+def feature_row(feature: features.Feature) -> dict[str, Any]:
+    return {
+        "key": feature.key,
+        "title": feature.title,
+        "flag": feature.flag,
+        "outcome": feature.outcome,
+        "code": feature.code.value if feature.code is not None else None,
+        "releases": list(feature.releases),
+        "note": feature.note,
+    }
+
+
+def _check_features(report: Report, argv: Sequence[str], vllm_found: bool) -> None:
+    """The features ``vllm serve ARGV`` turns on; ``KVP509`` for each refused one."""
+    report.vllm_args = list(argv)
+    if not vllm_found:
+        report.problems.append(
+            error(
+                Code.INTEGRATION,
+                VLLM_ARGS,
+                "the arguments after -- cannot be read without vLLM: vLLM's own parser reads them.",
+                INSTALL_HINT,
+            )
+        )
+        return
+    try:
+        fields = engine_fields(argv)
+    except _Refused as exc:
+        reason = _reason(exc)
+    except Exception as exc:  # vLLM's parser failing its own way: its words, no traceback
+        reason = f"{type(exc).__name__}: {_reason(exc)}"
+    else:
+        for feature in features.seen_in_engine_args(fields):
+            report.features.append(feature_row(feature))
+            if feature.outcome == features.REFUSED:
+                report.problems.append(features.refused(feature, VLLM_ARGS))
+        return
+    report.problems.append(
+        error(
+            Code.INTEGRATION,
+            VLLM_ARGS,
+            f"vLLM's `vllm serve` parser refuses the arguments after --: {reason}",
+            "give the arguments `vllm serve` takes (see `vllm serve --help`)",
+        )
+    )
+
+
 def diagnose(
     environ: Mapping[str, str] | None = None,
     *,
     model: str | None = None,
     max_model_len: int | None = None,
+    vllm_args: Sequence[str] | None = None,
 ) -> Report:
     """Every check, in the order a user would fix them: the other general plugins loaded as
     vLLM would load them, then the plugin's own preflight (the same settings, mode, backend,
     dump directory, release and target checks ``register()`` runs), then what only the doctor
     can see (the entry point, ``VLLM_PLUGINS``, the distribution). With ``model``, its
     elastic floor is computed and a ``KVPLAN_MEMORY_LIMIT`` below it is the engine's
-    ``KVP533`` here already (:func:`model_floor`)."""
+    ``KVP533`` here already (:func:`model_floor`). With ``vllm_args`` (the ``vllm serve``
+    arguments), the features they turn on are named and a refused one is ``KVP509``."""
     import kvplan
 
     env = os.environ if environ is None else environ
@@ -354,4 +498,6 @@ def diagnose(
     if model is not None and vllm is not None and report.usable:
         report.floor, problem = model_floor(model, found.settings, found.mode, max_model_len)
         report.problems.extend([problem] if problem is not None else [])
+    if vllm_args:
+        _check_features(report, vllm_args, vllm is not None)
     return report

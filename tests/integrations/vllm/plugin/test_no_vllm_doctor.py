@@ -33,3 +33,27 @@ def test_doctor_without_vllm() -> None:
     report = json.loads(as_json.stdout)
     assert report["vllm"]["installed"] is False and report["usable"] is False
     assert report["targets"] == []
+
+
+def test_doctor_without_vllm_cannot_read_vllm_arguments() -> None:
+    """``kvplan doctor -- VLLM_ARGS`` without vLLM: the arguments are vLLM's to read, so the
+    doctor says it cannot, exit 2, no traceback."""
+    code = (
+        "import sys\n"
+        "sys.modules['vllm'] = None  # as if vLLM were not installed\n"
+        "sys.argv = ['kvplan', 'doctor', '--json', '--', '--enable-sleep-mode']\n"
+        "from kvplan.cli import main\n"
+        "main()\n"
+    )
+    done = _run(code, KVPLAN_BACKEND="torch")
+    assert done.returncode == 2, done.stderr
+    report = json.loads(done.stdout)
+    assert report["vllm_args"] == ["--enable-sleep-mode"] and report["features"] == []
+    problems = {p["location"]: p for p in report["problems"]}
+    assert problems["vLLM arguments"]["code"] == "KVP501"
+    assert "cannot be read without vLLM" in problems["vLLM arguments"]["message"]
+    assert "Traceback" not in done.stdout + done.stderr
+    text = _run(code.replace("'--json', ", ""), KVPLAN_BACKEND="torch")
+    assert text.returncode == 2 and "Traceback" not in text.stdout + text.stderr
+    assert "vLLM features (from the arguments after --)\n  not read: see problems" in text.stdout
+    assert "KVP501 error at vLLM arguments: the arguments after -- cannot be read" in text.stdout

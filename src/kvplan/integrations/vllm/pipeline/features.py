@@ -47,24 +47,33 @@ def _method(value: Any) -> str:
     return str(method or ("draft_model" if model else ""))
 
 
-def _connector(value: Any) -> str:
+def _field(value: Any, name: str) -> str:
+    """A field of a KV-transfer config (a dict, or vLLM's ``KVTransferConfig``)."""
     if value is None:
         return ""
-    if isinstance(value, Mapping):
-        return str(value.get("kv_connector") or "")
-    return str(getattr(value, "kv_connector", "") or "")
+    found = value.get(name) if isinstance(value, Mapping) else getattr(value, name, "")
+    return str(found or "")
 
 
 def _spec(*methods: str) -> Callable[[Any], bool]:
     return lambda value: _method(value) in methods
 
 
-def _connector_named(*names: str) -> Callable[[Any], bool]:
-    return lambda value: _connector(value) in names
+def _connector_named(*names: str, roles: tuple[str, ...] = ()) -> Callable[[Any], bool]:
+    """A connector of ``names`` (in one of ``roles``, when given: vLLM requires a role)."""
+    return lambda value: (
+        _field(value, "kv_connector") in names and (not roles or _field(value, "kv_role") in roles)
+    )
+
+
+FP8_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+"""The fp8 KV-cache dtypes the row holds for (``fp8`` is ``fp8_e4m3``). vLLM 0.34 has more
+whose names start with fp8 (``fp8_per_token_head``, ``fp8_ds_mla``, ``fp8_inc``), each with its
+own scales or platform: no claim is made for them."""
 
 
 def _fp8(value: Any) -> bool:
-    return str(value or "auto").startswith("fp8")
+    return str(value or "auto") in FP8_DTYPES
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,7 @@ FEATURES: tuple[Feature, ...] = (
         "the connector saves and loads through the layers' bound tensors",
         _KVT,
         _KVT,
-        _connector_named("ExampleConnector", "SharedStorageConnector"),
+        _connector_named("ExampleConnector", "SharedStorageConnector", roles=("kv_both",)),
         _032,
     ),
     Feature(
@@ -164,7 +173,9 @@ FEATURES: tuple[Feature, ...] = (
         "elastic (a consumer's loads land in blocks mapped first)",
         _KVT,
         _KVT,
-        _connector_named("ExampleConnector", "SharedStorageConnector"),
+        _connector_named(
+            "ExampleConnector", "SharedStorageConnector", roles=("kv_producer", "kv_consumer")
+        ),
         _032,
     ),
     Feature(
