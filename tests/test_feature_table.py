@@ -50,10 +50,9 @@ def test_every_row_is_one_of_the_outcomes() -> None:
 
 def test_the_matrix_runs_every_kvplan_mode_of_the_table() -> None:
     assert len(matrix.MODE_NAMES) == len(features.MODES)
-    for name, table_name in zip(matrix.MODE_NAMES, features.MODES, strict=True):
-        settings = dict(matrix.MODES)[name]
-        assert settings["KVPLAN_BACKEND"] in table_name or name == "elastic-limit"
-        assert ("elastic" in table_name) == (settings["KVPLAN_MODE"] == "elastic"), name
+    for (name, backend, mode, _), table_name in zip(matrix.MODES, features.MODES, strict=True):
+        assert backend in table_name or name == "elastic-limit"
+        assert ("elastic" in table_name) == (mode == "elastic"), name
 
 
 def test_the_async_connectors_log_line_is_the_one_the_matrix_counts() -> None:

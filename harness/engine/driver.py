@@ -244,10 +244,8 @@ def _break_binding(
     by ``swap`` and ``private-sharers`` and are the only ones ``swap-draft`` breaks."""
     import torch
 
-    drafter = [name for name in caches if _is_drafter(name, target_layers)]
-    names = sorted(
-        (n for n in caches if (n in drafter) == (kind == "swap-draft")), key=_layer_index
-    )
+    drafts = kind == "swap-draft"
+    names = sorted((n for n in caches if _is_drafter(n, target_layers) == drafts), key=_layer_index)
     sharers = [
         name
         for name in names

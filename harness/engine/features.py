@@ -34,26 +34,18 @@ LIMIT_BYTES = 2 << 20
 more (a draft model's layers double it); above every feature's floor (``KVP533``), below
 what the pool would back."""
 
-MODES: tuple[tuple[str, dict[str, str]], ...] = (
-    ("torch-eager", {"KVPLAN_BACKEND": "torch", "KVPLAN_MODE": "eager"}),
-    ("host-vmm-eager", {"KVPLAN_BACKEND": "host-vmm", "KVPLAN_MODE": "eager"}),
-    (
-        "host-vmm-elastic",
-        {"KVPLAN_BACKEND": "host-vmm", "KVPLAN_MODE": "elastic", "KVPLAN_POISON": "1"},
-    ),
-    (
-        "elastic-limit",
-        {
-            "KVPLAN_BACKEND": "host-vmm",
-            "KVPLAN_MODE": "elastic",
-            "KVPLAN_POISON": "1",
-            "KVPLAN_MEMORY_LIMIT": str(LIMIT_BYTES),
-        },
-    ),
+POISONED = {"KVPLAN_POISON": "1"}
+MODES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    ("torch-eager", "torch", "eager", {}),
+    ("host-vmm-eager", "host-vmm", "eager", {}),
+    ("host-vmm-elastic", "host-vmm", "elastic", POISONED),
+    ("elastic-limit", "host-vmm", "elastic", {**POISONED, "KVPLAN_MEMORY_LIMIT": str(LIMIT_BYTES)}),
 )
-"""The matrix's kvplan modes (``pipeline.features.MODES``, in order), each strict; elastic
-engines run with unbacked memory poisoned, so equal tokens prove every block used was backed."""
-MODE_NAMES = tuple(name for name, _ in MODES)
+"""The matrix's kvplan modes (``pipeline.features.MODES``, in order): (cell name, backend,
+``KVPLAN_MODE``, further settings), each strict; elastic engines run with unbacked memory
+poisoned, so equal tokens prove every block used was backed."""
+MODE_NAMES = tuple(mode[0] for mode in MODES)
+_BY_NAME = {mode[0]: mode for mode in MODES}
 
 SPEC_TOKENS = 2
 DRAFT_STATS = {"disable_log_stats": False}
@@ -61,12 +53,22 @@ DRAFT_STATS = {"disable_log_stats": False}
 
 LORA_RANK = 8
 
+TARGET = "@target"
+"""A draft model that is the job's model itself (``driver.TARGET``: the driver resolves it)."""
+DRAFT = {
+    "speculative_config": {
+        "method": "draft_model", "model": TARGET, "num_speculative_tokens": SPEC_TOKENS,
+    },
+    **DRAFT_STATS,
+}  # fmt: skip
+"""A draft model equal to the target (the same re-drawn weights): every draft token is
+accepted, unless the draft's binding is wrong."""
+
 
 def mode_env(mode: str, work: Path, cell: str) -> dict[str, str]:
-    settings = dict(MODES)[mode]
-    dump = work / f"dump-{cell.replace('/', '-')}"
-    rest = {k: v for k, v in settings.items() if k not in ("KVPLAN_BACKEND", "KVPLAN_MODE")}
-    return kvplan_env(settings["KVPLAN_BACKEND"], settings["KVPLAN_MODE"], dump, **rest)
+    """Cell ``cell``'s kvplan settings in ``mode``, dumping to a folder of its own."""
+    _, backend, kvplan_mode, extra = _BY_NAME[mode]
+    return kvplan_env(backend, kvplan_mode, work / f"dump-{cell.replace('/', '-')}", **extra)
 
 
 def lenient() -> dict[str, str]:
@@ -108,14 +110,7 @@ def async_connector(store: Path) -> dict[str, Any]:
 def engines(model: Path, work: Path) -> dict[str, dict[str, Any]]:
     """Each of :data:`LLAMA_FEATURES`' engine options (its paths under ``work``)."""
     return {
-        "spec-draft": {
-            "speculative_config": {
-                "method": "draft_model",
-                "model": str(model),  # the target itself: every draft token is accepted
-                "num_speculative_tokens": SPEC_TOKENS,
-            },
-            **DRAFT_STATS,
-        },
+        "spec-draft": DRAFT,
         "spec-eagle": {
             "speculative_config": {
                 "method": "eagle",
@@ -194,10 +189,7 @@ def feature_cells(
         for mode in MODE_NAMES
     ]
     vanilla = Variant(f"{key}/vanilla", engine=engine, lora=lora)
-    control = Variant(
-        f"{key}/control", lenient(), breakage="swap",
-        engine=engine, lora=lora,
-    )  # fmt: skip
+    control = Variant(f"{key}/control", lenient(), breakage="swap", engine=engine, lora=lora)
     return [kvplan[0], vanilla, *kvplan[1:], control]
 
 
@@ -337,9 +329,6 @@ def gemma3n_job(work: Path) -> list[Variant]:
     return cells
 
 
-TARGET = "@target"
-"""A draft model that is the job's model itself (``driver.TARGET``: the driver resolves it)."""
-
 MULTIPROCESS_RELEASE = "0.32"
 
 
@@ -348,13 +337,8 @@ def multiprocess_cells(work: Path) -> list[Variant]:
     a draft's lookahead blocks and a connector's blocks) in vLLM's engine-core process, the
     worker in another, kvplan's operations pickled between them. Cells of vLLM's default
     executor (``tests/engine/_multiproc``'s shared TP=1 run: one driver process)."""
-    draft = {
-        "speculative_config": {
-            "method": "draft_model", "model": TARGET, "num_speculative_tokens": SPEC_TOKENS,
-        }
-    }  # fmt: skip
     cells = []
-    for key, engine in (("spec-draft", draft), ("kv-connector", None)):
+    for key, engine in (("spec-draft", DRAFT), ("kv-connector", None)):
         for name, mode in (("mp-vanilla", None), ("mp-host-vmm-elastic", "host-vmm-elastic")):
             cell = f"{key}/{name}"
             options = engine or connector(work / f"store-{name}")

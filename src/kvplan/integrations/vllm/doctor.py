@@ -498,6 +498,6 @@ def diagnose(
     if model is not None and vllm is not None and report.usable:
         report.floor, problem = model_floor(model, found.settings, found.mode, max_model_len)
         report.problems.extend([problem] if problem is not None else [])
-    if vllm_args:
+    if vllm_args is not None:
         _check_features(report, vllm_args, vllm is not None)
     return report

